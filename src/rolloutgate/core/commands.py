@@ -1,0 +1,106 @@
+"""Commands: what the core asks the edges to do, returned by `Gateway.handle(event, now)`.
+
+Theory of operation: the core decides, the edges act. The driver executes commands in the order returned.
+Commands are imperative, frozen values, never subclassed. Every abort and failure carries a reason literal so
+that logs, metrics and client errors can say which rule fired.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+from rolloutgate.core.timing import TimingBreakdown
+
+__all__ = (
+    "Abort",
+    "AbortReason",
+    "Command",
+    "Complete",
+    "Dispatch",
+    "Fail",
+    "FailReason",
+    "MarkEngine",
+)
+
+_frozen = {"frozen": True, "slots": True, "kw_only": True}
+
+
+class AbortReason(enum.Enum):
+    """Why a generation is being stopped on its engine."""
+
+    TIMEOUT = "timeout"  # charged engine time ran out
+    MAX_WALL = "max_wall"  # the absolute wall cap ran out
+    STUCK = "stuck"  # no progress for this request while its engine progressed: retried elsewhere
+    ENGINE_HUNG = "engine_hung"  # its engine made no progress at all: moved elsewhere
+    CLIENT_GONE = "client_gone"  # the client left and no retry attached within the grace period
+    REQUEUE = "requeue"  # the gate closed in abort mode: it runs again after resume
+    ENGINE_LEFT = "engine_left"  # its engine was removed from the pool
+
+
+class FailReason(enum.Enum):
+    """Why a request ends with an error. The edge maps each to one HTTP status and OpenAI error code."""
+
+    TIMEOUT = "timeout"  # charged engine time passed `timeout`            -> 504
+    STALL = "stall"  # stuck again after its one retry elsewhere           -> 504
+    QUEUE_TIMEOUT = "queue_timeout"  # waited longer than `queue_timeout`  -> 503 + Retry-After
+    MAX_WALL = "max_wall"  # wall time passed `max_wall`                    -> 504
+    NO_ENGINE = "no_engine"  # no healthy engine for a while              -> 503 + Retry-After
+    QUEUE_FULL = "queue_full"  # the wait queue is at its limit            -> 429 + Retry-After
+    UPSTREAM = "upstream"  # the engine failed and no retry is possible  -> 502
+    ATTEMPTS_EXHAUSTED = "attempts_exhausted"  # failed on every engine tried -> 502
+
+
+@dataclass(**_frozen)
+class Dispatch:
+    """Send the request to `engine_id` now; the engine has a free slot, so it starts at once.
+
+    `attempt` counts from 1. `delivered_tokens` > 0 means a streaming client has already seen that many tokens
+    of an earlier attempt: the edge continues from them where the engine API allows, or fails the request.
+    """
+
+    request_id: str
+    engine_id: str
+    attempt: int = 1
+    delivered_tokens: int = 0
+
+
+@dataclass(**_frozen)
+class Abort:
+    """Stop the request's generation on `engine_id` (the engine's abort API, or closing the connection)."""
+
+    request_id: str
+    engine_id: str
+    reason: AbortReason
+
+
+@dataclass(**_frozen)
+class Fail:
+    """End the request with an error for its client. Any generation has already been aborted by then."""
+
+    request_id: str
+    reason: FailReason
+    timing: TimingBreakdown
+    retry_after_s: float = math.inf  # math.inf: no Retry-After header
+    detail: str = ""
+
+
+@dataclass(**_frozen)
+class Complete:
+    """The request finished: deliver its answer. The timing breakdown is final."""
+
+    request_id: str
+    timing: TimingBreakdown
+
+
+@dataclass(**_frozen)
+class MarkEngine:
+    """An engine changed state (e.g. quarantined as hung, recovered); for logs, metrics and health checks."""
+
+    engine_id: str
+    state: str  # one of rolloutgate.core.engine_state.EngineState values
+    detail: str = ""
+
+
+Command = Dispatch | Abort | Fail | Complete | MarkEngine

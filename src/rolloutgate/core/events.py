@@ -1,0 +1,221 @@
+"""Events: what happened, told to the core (`Gateway.handle(event, now)`).
+
+Theory of operation: the edges (HTTP front, engine adapters, health checker, admin API) translate what they
+see into these past-tense facts. Events are frozen values; they validate themselves on construction and are
+never subclassed. Request ids are the gateway's own ids (unique per logical request, kept across
+re-dispatches); engine ids are the pool's names for engines.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+__all__ = (
+    "ClientAttached",
+    "ClientDisconnected",
+    "ClockMode",
+    "EngineHealthChecked",
+    "EngineJoined",
+    "EngineLeft",
+    "EnginePaused",
+    "EngineResumed",
+    "Event",
+    "GateClosed",
+    "GateOpened",
+    "PauseMode",
+    "ProgressReported",
+    "RequestArrived",
+    "RequestLimits",
+    "UpstreamFailed",
+    "UpstreamFinished",
+)
+
+_frozen = {"frozen": True, "slots": True, "kw_only": True}
+
+
+def _check_duration(name: str, value: float) -> None:
+    if math.isnan(value) or value < 0:
+        raise ValueError(f"{name} must be a duration >= 0 (math.inf for none), got {value!r}")
+
+
+class ClockMode(enum.Enum):
+    """What a request's `timeout` measures."""
+
+    ENGINE = "engine"  # charged engine work only (rolloutgate's semantics)
+    WALLCLOCK = "wallclock"  # time since submission, as the incident's proxy did
+
+
+class PauseMode(enum.Enum):
+    """How the gate treats in-flight work when it closes (see DESIGN.md, the gate)."""
+
+    DRAIN = "drain"  # stop dispatching; in-flight work runs to its end
+    ABORT = "abort"  # abort in-flight work on the engines and re-queue it to run after resume
+    IN_PLACE = "in_place"  # engines pause with their KV cache kept; in-flight work resumes where it was
+
+
+@dataclass(**_frozen)
+class RequestLimits:
+    """Per-request budgets, seconds; `math.inf` means no limit."""
+
+    timeout_s: float = 600.0  # charged engine time
+    stall_timeout_s: float = 60.0  # time without progress while the engine is progressing otherwise
+    queue_timeout_s: float = math.inf  # time waiting in the gateway queue
+    max_wall_s: float = math.inf  # absolute cap from arrival to the end
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "stall_timeout_s", "queue_timeout_s", "max_wall_s"):
+            _check_duration(name, getattr(self, name))
+        if self.timeout_s == 0 or self.stall_timeout_s == 0:
+            raise ValueError("timeout_s and stall_timeout_s must be > 0")
+
+
+# --- requests -------------------------------------------------------------------------------------------
+
+
+@dataclass(**_frozen)
+class RequestArrived:
+    """A client's request was accepted by the front and wants an engine."""
+
+    request_id: str
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    routing_key: str | None = None  # session affinity key (X-SMG-Routing-Key, X-Session-Id, session id)
+    priority: int = 0  # lower runs first; FIFO within a priority
+    prompt_tokens: int = 0  # estimated prompt length, for placement and prefill budgets
+    streaming: bool = False  # the client reads a stream: once it has seen output, that output is visible
+    pinned_engine: str | None = None  # dispatch only to this engine (e.g. a proxied engine-specific call)
+
+    def __post_init__(self) -> None:
+        if not self.request_id:
+            raise ValueError("request_id must be non-empty")
+        if self.prompt_tokens < 0:
+            raise ValueError("prompt_tokens must be >= 0")
+
+
+@dataclass(**_frozen)
+class ProgressReported:
+    """The engine produced something for a dispatched request: `tokens` new output tokens (0 = bytes only)."""
+
+    request_id: str
+    tokens: int = 1
+    cached_tokens: int | None = None  # prompt tokens the engine served from its prefix cache, when told
+
+    def __post_init__(self) -> None:
+        if self.tokens < 0:
+            raise ValueError("tokens must be >= 0")
+
+
+@dataclass(**_frozen)
+class UpstreamFinished:
+    """The engine finished the request and the whole answer is in the gateway's hands."""
+
+    request_id: str
+
+
+@dataclass(**_frozen)
+class UpstreamFailed:
+    """The upstream call ended without an answer (refused, reset, garbage, engine error).
+
+    `retryable` is the adapter's judgement that the same request may run again elsewhere (connection refused,
+    reset, 5xx); a 4xx from the engine is not retryable and is the client's answer.
+    """
+
+    request_id: str
+    reason: str
+    retryable: bool = True
+    status: int | None = None  # the engine's HTTP status, when there was one
+
+
+@dataclass(**_frozen)
+class ClientDisconnected:
+    """The client's connection closed before its answer was delivered."""
+
+    request_id: str
+
+
+@dataclass(**_frozen)
+class ClientAttached:
+    """A retry of a disconnected request joined it again (see `attach`), cancelling its grace timer."""
+
+    request_id: str
+
+
+# --- engines --------------------------------------------------------------------------------------------
+
+
+@dataclass(**_frozen)
+class EngineJoined:
+    """An engine joined the pool with room for `capacity` requests in flight."""
+
+    engine_id: str
+    capacity: int
+    prefill_token_budget: float = math.inf  # uncached prompt tokens in prefill at once
+    healthy: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.engine_id:
+            raise ValueError("engine_id must be non-empty")
+        if self.capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {self.capacity}")
+        if math.isnan(self.prefill_token_budget) or self.prefill_token_budget <= 0:
+            raise ValueError("prefill_token_budget must be > 0")
+
+
+@dataclass(**_frozen)
+class EngineLeft:
+    """An engine was removed from the pool; its work must go elsewhere."""
+
+    engine_id: str
+
+
+@dataclass(**_frozen)
+class EngineHealthChecked:
+    """A health check of the engine passed or failed."""
+
+    engine_id: str
+    healthy: bool
+
+
+@dataclass(**_frozen)
+class EnginePaused:
+    """One engine was paused (a staggered weight update); its requests are not charged meanwhile."""
+
+    engine_id: str
+
+
+@dataclass(**_frozen)
+class EngineResumed:
+    engine_id: str
+
+
+# --- the gate -------------------------------------------------------------------------------------------
+
+
+@dataclass(**_frozen)
+class GateClosed:
+    """The weight-update gate closed: nothing is dispatched and nobody is charged until it opens."""
+
+    mode: PauseMode = PauseMode.DRAIN
+
+
+@dataclass(**_frozen)
+class GateOpened:
+    pass
+
+
+Event = (
+    RequestArrived
+    | ProgressReported
+    | UpstreamFinished
+    | UpstreamFailed
+    | ClientDisconnected
+    | ClientAttached
+    | EngineJoined
+    | EngineLeft
+    | EngineHealthChecked
+    | EnginePaused
+    | EngineResumed
+    | GateClosed
+    | GateOpened
+)

@@ -1,0 +1,154 @@
+"""The one engine interface: what the gateway needs from any engine family.
+
+Theory of operation: an adapter (sglang.py, vllm.py, openai_compat.py) translates between the gateway's
+calls and one engine family's HTTP API, and nothing else: it never retries and never decides (the core does).
+Every aiohttp or JSON error is mapped to `UpstreamError` at this boundary, so nothing from the network layer
+leaks into the server.
+
+A generation is always read as a stream of `UpstreamEvent`s when the engine can stream the request, so the
+gateway sees progress; the server forwards the events to a streaming client, or assembles them into one body
+for a non-streaming client (server/assemble.py).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+__all__ = (
+    "EngineClient",
+    "EngineFamily",
+    "EngineInfo",
+    "EngineLoad",
+    "Route",
+    "UpstreamCall",
+    "UpstreamError",
+    "UpstreamEvent",
+)
+
+
+class EngineFamily(enum.Enum):
+    SGLANG = "sglang"
+    VLLM = "vllm"
+    OPENAI = "openai"  # any other OpenAI-compatible server
+
+
+class Route(enum.Enum):
+    """The client-facing API of a call; the upstream speaks the same API (no cross-API translation)."""
+
+    CHAT = "/v1/chat/completions"
+    COMPLETIONS = "/v1/completions"
+    GENERATE = "/generate"  # SGLang native
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineInfo:
+    """What a probe learned about an engine."""
+
+    family: EngineFamily
+    capacity: int | None = None  # max requests running at once, when the engine reports it
+    models: tuple[str, ...] = ()
+    max_model_len: int | None = None
+    chunked_prefill_size: int | None = None
+    weight_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineLoad:
+    """Engine-level load, for progress where a request cannot be streamed and for tests."""
+
+    running: int
+    waiting: int
+    generated_tokens_total: float | None = None  # a counter, when the engine exposes one
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UpstreamCall:
+    """One attempt of a request on one engine."""
+
+    request_id: str  # the gateway's id: SGLang `rid`, vLLM `X-Request-Id`
+    route: Route
+    body: dict[str, Any]  # the client's validated JSON body; the adapter copies before rewriting
+    headers: dict[str, str] = field(default_factory=dict)  # client headers to pass on (routing keys)
+    progress_every_tokens: int = 1  # ask the engine for a stream event every N tokens where it allows
+
+
+@dataclass(slots=True)
+class UpstreamEvent:
+    """One SSE event from the engine (without the `[DONE]` sentinel), or a whole non-streamed body.
+
+    `tokens` is how many new output tokens the event carries, as well as the adapter can tell (>= 1 for a
+    token event, 0 for a metadata-only event such as a usage frame). `json()` parses lazily, once.
+    """
+
+    data: bytes  # the JSON text of the event (the part after `data: `)
+    tokens: int = 1
+    is_whole_body: bool = False  # the upstream answered without streaming: `data` is the full response body
+    _parsed: Any = None
+
+    def json(self) -> Any:
+        if self._parsed is None:
+            self._parsed = orjson.loads(self.data)
+        return self._parsed
+
+
+class UpstreamError(Exception):
+    """An upstream call failed. `retryable`: the same request may run again elsewhere.
+
+    `status` is the engine's HTTP status when it answered with an error; `body` its error body (JSON bytes),
+    passed to the client as-is for non-retryable client errors (e.g. a 400 for a bad parameter).
+    """
+
+    def __init__(
+        self, message: str, *, retryable: bool, status: int | None = None, body: bytes | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+        self.status = status
+        self.body = body
+
+
+class EngineClient(Protocol):
+    """One engine. Implementations share one aiohttp session per gateway and hold no request state."""
+
+    url: str
+    family: EngineFamily
+
+    async def probe(self) -> EngineInfo:
+        """Read the engine's family facts (capacity, models). Raises UpstreamError if unreachable."""
+        ...
+
+    async def health(self) -> bool:
+        """True if the engine answers its health endpoint with success."""
+        ...
+
+    def generate(self, call: UpstreamCall) -> AsyncIterator[UpstreamEvent]:
+        """Run the call, yielding events as the engine produces them; ends after the last one.
+
+        Raises UpstreamError on connection failures, resets, non-2xx answers or unparseable streams. Closing
+        the iterator early (cancellation) closes the upstream connection.
+        """
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Stop the request's generation on the engine (best effort; never raises)."""
+        ...
+
+    async def load(self) -> EngineLoad:
+        """Engine-level running/waiting counts. Raises UpstreamError if unavailable."""
+        ...
+
+    async def pause(self, mode: str) -> None:
+        """Pause generation (`abort`, `drain`/`wait`, `in_place`/`keep`, mapped to the family's modes)."""
+        ...
+
+    async def resume(self) -> None: ...
+
+    async def update_weights(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Forward a weight-update call (e.g. `/update_weights_from_disk`) and return the engine's answer."""
+        ...
