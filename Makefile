@@ -27,5 +27,8 @@ typecheck: $(STAMP)
 sim-bench: $(STAMP)
 	$(BIN)/python -m rolloutgate.bench.sim_throughput
 
+# Heavier suites and tools, one file each (e2e, bench, reliability).
+-include mk/*.mk
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -100,6 +100,7 @@ class ProgressReported:
     request_id: str
     tokens: int = 1
     cached_tokens: int | None = None  # prompt tokens the engine served from its prefix cache, when told
+    attempt: int | None = None  # the Dispatch.attempt this belongs to; a stale attempt's event is ignored
 
     def __post_init__(self) -> None:
         if self.tokens < 0:
@@ -111,6 +112,7 @@ class UpstreamFinished:
     """The engine finished the request and the whole answer is in the gateway's hands."""
 
     request_id: str
+    attempt: int | None = None  # the Dispatch.attempt this belongs to; a stale attempt's event is ignored
 
 
 @dataclass(**_frozen)
@@ -125,6 +127,8 @@ class UpstreamFailed:
     reason: str
     retryable: bool = True
     status: int | None = None  # the engine's HTTP status, when there was one
+    engine_unreachable: bool = False  # connection refused / no route: the engine is marked unhealthy
+    attempt: int | None = None  # the Dispatch.attempt this belongs to; a stale attempt's event is ignored
 
 
 @dataclass(**_frozen)

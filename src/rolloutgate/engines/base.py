@@ -7,7 +7,10 @@ leaks into the server.
 
 A generation is always read as a stream of `UpstreamEvent`s when the engine can stream the request, so the
 gateway sees progress; the server forwards the events to a streaming client, or assembles them into one body
-for a non-streaming client (server/assemble.py).
+for a non-streaming client (engines/assemble.py).
+
+Progress is cheap to watch: adapters count tokens per event without parsing the event's JSON where they can
+(see engines/progress.py), so the gateway's work per request is bounded by events, not by tokens.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any, Protocol
 import orjson
 
 __all__ = (
+    "AssemblyHint",
     "EngineClient",
     "EngineFamily",
     "EngineInfo",
@@ -77,17 +81,40 @@ class UpstreamCall:
     progress_every_tokens: int = 1  # ask the engine for a stream event every N tokens where it allows
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AssemblyHint:
+    """What engines/assemble.py needs to know, beyond the events, to build a non-streaming answer exactly as
+    the engine would have: its family (the answer's field set differs), SGLang's weight version (its chat and
+    completions answers carry `metadata.weight_version`, its stream chunks do not), and whether SGLang's
+    `/generate` stream is incremental (`--incremental-streaming-output`) instead of cumulative."""
+
+    family: EngineFamily
+    weight_version: str | None = None
+    is_incremental_generate: bool = False
+
+
 @dataclass(slots=True)
 class UpstreamEvent:
     """One SSE event from the engine (without the `[DONE]` sentinel), or a whole non-streamed body.
 
-    `tokens` is how many new output tokens the event carries, as well as the adapter can tell (>= 1 for a
-    token event, 0 for a metadata-only event such as a usage frame). `json()` parses lazily, once.
+    `tokens` is how many new output tokens the event carries, as well as the adapter can tell without parsing
+    (>= 1 for a token event, 0 for a metadata-only event such as a role-only first chunk; a usage frame
+    carries the tokens the count missed so far, so the sum matches the engine's `completion_tokens` unless
+    the per-event count overshot). `json()` parses lazily, once.
+
+    `is_gateway_only`: the event exists only because the gateway asked for it (the usage frame, when a
+    streaming client did not ask for `stream_options.include_usage`): do not forward it to a streaming client;
+    do feed it to the assembler. `finish_reason`: set on the event that ends a choice, when the adapter can
+    tell cheaply (`stop`, `length`, `abort`, `tool_calls`, ...; SGLang `/generate`: `finish_reason.type`).
+    `assembly`: set by the adapter on every event of a generation (one shared object).
     """
 
     data: bytes  # the JSON text of the event (the part after `data: `)
     tokens: int = 1
     is_whole_body: bool = False  # the upstream answered without streaming: `data` is the full response body
+    is_gateway_only: bool = False
+    finish_reason: str | None = None
+    assembly: AssemblyHint | None = None
     _parsed: Any = None
 
     def json(self) -> Any:
@@ -144,10 +171,14 @@ class EngineClient(Protocol):
         ...
 
     async def pause(self, mode: str) -> None:
-        """Pause generation (`abort`, `drain`/`wait`, `in_place`/`keep`, mapped to the family's modes)."""
+        """Pause generation (`abort`, `drain`/`wait`, `in_place`/`keep`, `retract`, mapped to the family's
+        modes; see each adapter). Raises ValueError for an unknown mode, UpstreamError if the engine refuses
+        or has no pause API."""
         ...
 
-    async def resume(self) -> None: ...
+    async def resume(self) -> None:
+        """Undo `pause`. Raises UpstreamError if the engine refuses or has no pause API."""
+        ...
 
     async def update_weights(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """Forward a weight-update call (e.g. `/update_weights_from_disk`) and return the engine's answer."""

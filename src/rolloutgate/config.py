@@ -1,0 +1,143 @@
+"""Gateway settings: flags > environment (`ROLLOUTGATE_*`) > config file (TOML or JSON) > defaults.
+
+Durations are seconds (simulated seconds when `time_scale` != 1, so a gateway in front of a time-scaled
+simulator keeps the same numbers as in production). `None` for an optional limit means "no limit".
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    JsonConfigSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+__all__ = ("EngineSpec", "GatewaySettings", "load_settings")
+
+EngineFamilyName = Literal["auto", "sglang", "vllm", "openai"]
+
+
+class EngineSpec(BaseModel):
+    """One engine of the pool: `http://host:port`, optionally `family+http://...`."""
+
+    url: str
+    family: EngineFamilyName = "auto"
+    capacity: int | None = Field(default=None, ge=1)
+
+    @classmethod
+    def parse(cls, text: str) -> EngineSpec:
+        family, sep, url = text.partition("+")
+        if sep and family in ("sglang", "vllm", "openai", "auto"):
+            return cls(url=url, family=family)  # type: ignore[arg-type]
+        return cls(url=text)
+
+    @field_validator("url")
+    @classmethod
+    def _http_only(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"engine URL must be http(s)://, got {url!r}")
+        return url.rstrip("/")
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ROLLOUTGATE_", extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    engines: list[EngineSpec] = Field(default_factory=list)
+    sim: int = Field(default=0, ge=0, description="serve in front of N simulated engines in this process")
+    sim_api: Literal["sglang", "vllm"] = "sglang"
+    sim_profile: str = "default"
+    time_scale: float = Field(default=1.0, gt=0, description="gateway seconds per real second")
+
+    clock: Literal["engine", "wallclock"] = "engine"
+    timeout: float = Field(default=600.0, gt=0, description="charged engine time per request")
+    stall_timeout: float = Field(default=60.0, gt=0)
+    queue_timeout: float | None = Field(default=None, gt=0)
+    max_wall: float | None = Field(default=None, gt=0)
+    max_timeout_override: float = Field(default=3600.0, gt=0, description="cap on per-request overrides")
+
+    capacity: int | None = Field(
+        default=None, ge=1, description="in-flight limit per engine (overrides probe)"
+    )
+    default_capacity: int = Field(default=64, ge=1, description="when an engine does not report one")
+    max_queue: int = Field(default=100_000, ge=1)
+    max_attempts: int = Field(default=3, ge=1)
+    no_engine_grace: float = Field(default=30.0, ge=0)
+    progress_every_tokens: int = Field(default=1, ge=1, description="stream interval asked of engines")
+
+    keepalive_interval: float = Field(default=15.0, ge=0, description="0 turns keep-alive off")
+    keepalive_non_streaming: bool = True
+    retry_grace: float = Field(default=10.0, ge=0)
+    result_ttl: float = Field(default=300.0, ge=0)
+    result_cache_entries: int = Field(default=10_000, ge=0)
+
+    health_interval: float = Field(default=5.0, gt=0)
+    health_timeout: float = Field(default=20.0, gt=0)
+    health_failures: int = Field(default=3, ge=1)
+
+    admin_token: str | None = None
+    allow_remote_admin: bool = False
+    api_keys: list[str] = Field(default_factory=list)
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    max_messages: int = Field(default=4096, ge=1)
+    max_tokens_limit: int = Field(default=262_144, ge=1)
+
+    tokenizer: str | None = None
+    session_max: int = Field(default=10_000, ge=1, description="sessions held at once")
+    session_max_records: int = Field(default=1_000, ge=1, description="turn records per session")
+    session_idle_ttl: float = Field(default=3600.0, gt=0, description="idle seconds before a session is evicted")
+    session_max_bytes: int = Field(default=4 * 1024**3, ge=1, description="approximate memory bound, all sessions")
+    state_dir: str | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("engines", mode="before")
+    @classmethod
+    def _engine_strings(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if isinstance(value, list):
+            return [EngineSpec.parse(v) if isinstance(v, str) else v for v in value]
+        return value
+
+    @property
+    def queue_timeout_s(self) -> float:
+        return math.inf if self.queue_timeout is None else self.queue_timeout
+
+    @property
+    def max_wall_s(self) -> float:
+        return math.inf if self.max_wall is None else self.max_wall
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # flags > environment > config file (set per load by `load_settings`) > defaults
+        return (
+            init_settings,
+            env_settings,
+            TomlConfigSettingsSource(settings_cls),
+            JsonConfigSettingsSource(settings_cls),
+        )
+
+
+def load_settings(flags: dict[str, Any], config_file: str | None = None) -> GatewaySettings:
+    """Settings from flags (only those given, i.e. not None), the environment and an optional file."""
+    settings_cls: type[GatewaySettings] = GatewaySettings
+    if config_file:
+        key = "toml_file" if Path(config_file).suffix == ".toml" else "json_file"
+        config = SettingsConfigDict(**{**GatewaySettings.model_config, key: config_file})  # type: ignore[typeddict-item]
+        settings_cls = type("GatewaySettingsFromFile", (GatewaySettings,), {"model_config": config})
+    return settings_cls(**{k: v for k, v in flags.items() if v is not None})

@@ -1,0 +1,77 @@
+"""The core's settings: one frozen value, validated at construction.
+
+Theory of operation: the edge (rolloutgate.config) resolves flags, files and environment once into a
+`GatewayCoreConfig` and hands it to `Gateway`. Per-request budgets (timeout, stall, queue, wall) travel with each
+request (`RequestLimits` in events.py); everything here is pool-wide.
+
+Rules: durations end in `_s` and are >= 0 (math.inf for none); NaN and negative values raise ValueError.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rolloutgate.core.events import ClockMode
+
+__all__ = ("PLACEMENTS", "GatewayCoreConfig")
+
+PLACEMENTS = ("session_affinity", "least_outstanding")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayCoreConfig:
+    """Pool-wide settings of the sans-IO core."""
+
+    clock_mode: ClockMode = ClockMode.ENGINE
+    # wait queue
+    max_queue: int = 100_000  # waiting requests; beyond it new ones fail with QUEUE_FULL
+    retry_after_s: float = 1.0  # Retry-After for QUEUE_FULL and QUEUE_TIMEOUT
+    # retries
+    max_attempts: int = 3  # dispatches per request counted against faults (refused, hung, stuck)
+    # no engine
+    no_engine_grace_s: float = 30.0  # no healthy engine for this long: queued fail, new fail at once
+    no_engine_retry_after_s: float = 5.0
+    # clients
+    retry_grace_s: float = 10.0  # after a disconnect, wait this long for a retry to attach before aborting
+    # contention and prefill
+    contention_min_prefill_tokens: int = 4096  # only prefills of at least this many uncached tokens contend
+    prefill_floor_tokens_per_s: float = 2000.0  # conservative prefill speed for the liveness allowance
+    max_prefill_allowance_s: float = 300.0  # cap of that allowance
+    # placement
+    placement: str = "session_affinity"  # or "least_outstanding" (wallclock mode always uses the latter)
+    affinity_max_excess: int = (
+        8  # a session moves when its engine has more than this many in flight above the least loaded
+    )
+    max_sessions: int = 100_000  # sessions remembered for affinity (LRU)
+    # liveness
+    engine_stall_timeout_s: float = (
+        math.inf
+    )  # pool-level cap on the engine stall window (min with the requests')
+    stall_recheck_s: float = (
+        1.0  # a stalled request on a silent engine is looked at again after this (charged) time
+    )
+
+    def __post_init__(self) -> None:
+        for name in (
+            "retry_after_s",
+            "no_engine_grace_s",
+            "no_engine_retry_after_s",
+            "retry_grace_s",
+            "max_prefill_allowance_s",
+            "engine_stall_timeout_s",
+        ):
+            value = getattr(self, name)
+            if math.isnan(value) or value < 0:
+                raise ValueError(f"{name} must be >= 0 (math.inf for none), got {value!r}")
+        if not (self.prefill_floor_tokens_per_s > 0 and self.stall_recheck_s > 0):
+            raise ValueError("prefill_floor_tokens_per_s and stall_recheck_s must be > 0")
+        if self.engine_stall_timeout_s == 0:
+            raise ValueError("engine_stall_timeout_s must be > 0")
+        for name in ("max_queue", "max_attempts", "max_sessions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.contention_min_prefill_tokens < 0 or self.affinity_max_excess < 0:
+            raise ValueError("contention_min_prefill_tokens and affinity_max_excess must be >= 0")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")

@@ -1,0 +1,516 @@
+"""The gateway core: events in, commands out, deadlines on request.
+
+Theory of operation
+-------------------
+`Gateway` is a sans-IO state machine. The driver (server/driver.py) feeds it every event the edges see with the
+time they saw it, `handle(event, now) -> [Command]`, executes the returned commands in order, and sleeps until
+`next_deadline()`, when it calls `on_time(now)`. The driver must call `on_time` once `now >= next_deadline()`
+before handing further events; `handle` never fires timers itself, which keeps the hottest call
+(`ProgressReported`, once per upstream chunk) O(1) and allocation-free apart from the (empty) result list.
+
+Composition: the state and the bookkeeping shared by every handler live in `GatewayLedger` (ledger.py), which
+this class extends with the public API, the event handlers and the verdicts. Requests wait in a `WaitQueue`
+(lanes, O(log n)); the `Dispatcher` chooses what starts where
+(placement policy + admission); every request's clocks and budgets live in its `RequestClock` over per-engine
+`ChargeMeter`s (request_clock.py, the one home of budget arithmetic); engines are judged by `EngineLiveness`.
+All timers are one real-time `TimerHeap` of keys: per engine (charged-time verdicts, liveness), per request (wall
+cap, wallclock timeout, client grace), the queue-timeout heap and the no-engine timer. Charged-time verdicts of
+an engine's requests are kept in that engine's virtual-time heaps, so a change of the engine's mode (a prefill
+starting or ending, a pause) reschedules one key, not every request.
+
+Verdicts (ENGINE clock mode; DESIGN.md is authoritative):
+- charged > timeout_s                 -> Abort(TIMEOUT) + Fail(TIMEOUT) with the timing breakdown
+- queue > queue_timeout_s             -> Fail(QUEUE_TIMEOUT, retry_after)
+- wall > max_wall_s                   -> Abort(MAX_WALL) if dispatched + Fail(MAX_WALL)
+- engine silent for its stall window  -> MarkEngine(quarantined), Abort(ENGINE_HUNG) + re-queue at the front
+  (requests pinned to that engine fail with NO_ENGINE, as when their engine leaves; while their engine is
+  merely unhealthy or paused they wait)
+- request stuck alone (no progress for its stall_timeout of charged time while its engine progressed on
+  others) -> Abort(STUCK) + re-queue once avoiding that engine; stuck again -> Fail(STALL)
+- retryable UpstreamFailed            -> re-queue avoiding that engine, up to max_attempts, then
+  Fail(ATTEMPTS_EXHAUSTED); not retryable -> Fail(UPSTREAM); `engine_unreachable` -> MarkEngine(unhealthy)
+- client gone for retry_grace_s       -> Abort(CLIENT_GONE) if dispatched, forgotten (no Fail: no client)
+- no healthy engine for no_engine_grace_s -> queued Fail(NO_ENGINE, retry_after), new ones fail at once
+
+WALLCLOCK clock mode reproduces the incident's proxy: no admission limit (capacity and prefill budget are
+infinite, so everything is dispatched at once to the least outstanding engine), the timeout counts wall time
+from arrival and fails the request WITHOUT an Abort (the engine keeps generating), no stall or hung detection,
+and a client disconnect does nothing. Everything else (gate, queue limits, failures, max_wall) is the same.
+
+Rules:
+1. Every request ends exactly once: Complete, Fail, or forgotten after its client left; its record, queue
+   entry and timers are freed then (stats return to zero when idle).
+2. Events for unknown requests (ended, forgotten) or for a stale attempt are ignored: the edge races the core.
+3. Commands are returned in the order to execute: aborts before the failures they cause, dispatches last.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from rolloutgate.core.commands import (
+    AbortReason,
+    Command,
+    Complete,
+    FailReason,
+)
+from rolloutgate.core.config import GatewayCoreConfig
+from rolloutgate.core.engine_record import EngineRecord
+from rolloutgate.core.engine_state import EngineState
+from rolloutgate.core.events import (
+    ClientAttached,
+    ClientDisconnected,
+    EngineHealthChecked,
+    EngineJoined,
+    EngineLeft,
+    EnginePaused,
+    EngineResumed,
+    Event,
+    GateClosed,
+    GateOpened,
+    PauseMode,
+    ProgressReported,
+    RequestArrived,
+    UpstreamFailed,
+    UpstreamFinished,
+)
+from rolloutgate.core.ledger import CHARGE_CLASSES, GatewayLedger, TimerKind
+from rolloutgate.core.request_clock import EPSILON_S, ChargeClass
+from rolloutgate.core.request_record import RequestRecord
+from rolloutgate.core.request_state import RequestState
+from rolloutgate.core.stats import EngineStats, GatewayStats
+from rolloutgate.core.timing import TimingBreakdown
+from rolloutgate.core.wait_queue import SHARED
+
+__all__ = ("Gateway", "GatewayCoreConfig")
+
+
+class Gateway(GatewayLedger):
+    """The sans-IO gateway core; see the module docstring."""
+
+    def __init__(self, config: GatewayCoreConfig) -> None:
+        super().__init__(config)
+        self._handlers: dict[type, Callable[[Any, float], list[Command]]] = {
+            RequestArrived: self._on_arrived,
+            ProgressReported: self._on_progress,
+            UpstreamFinished: self._on_finished,
+            UpstreamFailed: self._on_upstream_failed,
+            ClientDisconnected: self._on_disconnected,
+            ClientAttached: self._on_attached,
+            EngineJoined: self._on_engine_joined,
+            EngineLeft: self._on_engine_left,
+            EngineHealthChecked: self._on_health_checked,
+            EnginePaused: self._on_engine_paused,
+            EngineResumed: self._on_engine_resumed,
+            GateClosed: self._on_gate_closed,
+            GateOpened: self._on_gate_opened,
+        }
+
+    # --- public API ----------------------------------------------------------------------------------------
+
+    def handle(self, event: Event, now: float) -> list[Command]:
+        """Apply one event at time `now`; return the commands to execute, in order.
+
+        Raises ValueError for a `RequestArrived` whose id is still live (the edge must use unique ids).
+        """
+        return self._handlers[type(event)](event, now)
+
+    def on_time(self, now: float) -> list[Command]:
+        """Fire every deadline that has passed by `now`; return the resulting commands."""
+        out: list[Command] = []
+        timers = self._timers
+        while (key := timers.pop_due(now)) is not None:
+            kind, ident = key
+            if kind == TimerKind.CHARGE:
+                self._fire_charge(ident, now, out)
+            elif kind == TimerKind.LIVE:
+                self._fire_liveness(ident, now, out)
+            elif kind == TimerKind.QUEUE:
+                self._fire_queue(now, out)
+            elif kind == TimerKind.NO_ENGINE:
+                self._fire_no_engine(now, out)
+            else:
+                r = self._requests[ident]
+                if kind == TimerKind.WALL:
+                    abort = AbortReason.MAX_WALL if r.engine is not None else None
+                    self._fail(r, FailReason.MAX_WALL, now, out, abort=abort)
+                elif kind == TimerKind.WALLCLOCK:
+                    self._fail(r, FailReason.TIMEOUT, now, out, detail="wall time since arrival")
+                else:
+                    self._forget(r, now, out)
+        self._pump(now, out)
+        return out
+
+    def next_deadline(self) -> float:
+        """The earliest time `on_time` has something to do (math.inf if none)."""
+        return self._timers.next_at()
+
+    def timing(self, request_id: str, now: float) -> TimingBreakdown:
+        """The live timing breakdown of a request. Raises KeyError if it is unknown or has ended."""
+        return self._breakdown(self._requests[request_id], now)
+
+    def stats(self) -> GatewayStats:
+        waiting: dict[str, int] = {}
+        for lane in self._queue.engine_lanes():
+            waiting[lane[0]] = waiting.get(lane[0], 0) + len(self._queue.ids_in_lane(lane))
+        engines = tuple(
+            EngineStats(
+                engine_id=e.engine_id,
+                state=e.state.value,
+                is_paused=e.is_paused,
+                in_flight=e.in_flight,
+                capacity=e.slots.capacity,
+                prefill_tokens=e.slots.prefill_tokens,
+                large_prefills=e.meter.large_prefills,
+                waiting=waiting.get(e.engine_id, 0),
+            )
+            for e in self._engines.values()
+        )
+        return GatewayStats(
+            clock_mode=self._config.clock_mode.value,
+            gate="open" if self._gate.mode is None else self._gate.mode.value,
+            queued=len(self._queue),
+            in_flight=sum(e.in_flight for e in self._engines.values()),
+            live_requests=len(self._requests),
+            engines=engines,
+            pending_timers=len(self._timers)
+            + len(self._queue_timers)
+            + sum(len(t) for e in self._engines.values() for t in e.timers),
+            sessions=len(self._sessions),
+            fails=dict(self._fails),
+            aborts=dict(self._aborts),
+            **self._counts,
+        )
+
+    def __repr__(self) -> str:
+        busy = sum(1 for e in self._engines.values() if e.in_flight)
+        in_flight = sum(e.in_flight for e in self._engines.values())
+        gate = "open" if self._gate.mode is None else f"closed ({self._gate.mode.value})"
+        return (
+            f"<Gateway {self._config.clock_mode.value}-clock [{len(self._queue)} queued, {in_flight} in flight "
+            f"on {busy}/{len(self._engines)} engines, gate {gate}]>"
+        )
+
+    # --- requests ----------------------------------------------------------------------------------------
+
+    def _on_arrived(self, ev: RequestArrived, now: float) -> list[Command]:
+        if ev.request_id in self._requests:
+            raise ValueError(f"request {ev.request_id!r} is already live")
+        self._seq += 1
+        self._counts["arrived"] += 1
+        r = RequestRecord(ev, seq=self._seq, now=now)
+        out: list[Command] = []
+        if self._healthy == 0 and self._no_healthy_since_at is None:
+            self._start_no_engine_grace(now)
+        if self._is_failing_fast(now):
+            self._reject(
+                r, FailReason.NO_ENGINE, now, out, self._config.no_engine_retry_after_s, "no healthy engine"
+            )
+        elif ev.pinned_engine is not None and ev.pinned_engine not in self._engines:
+            self._reject(
+                r, FailReason.NO_ENGINE, now, out, self._config.no_engine_retry_after_s, "unknown engine"
+            )
+        elif len(self._queue) >= self._config.max_queue:
+            self._reject(r, FailReason.QUEUE_FULL, now, out, self._config.retry_after_s, "queue full")
+        else:
+            self._requests[r.request_id] = r
+            self._enqueue(r, now)
+            if r.limits.max_wall_s != math.inf:
+                self._timers.set(
+                    (TimerKind.WALL, r.request_id), r.clock.wall_deadline_at(r.limits.max_wall_s)
+                )
+            if not self._is_engine_mode:
+                self._timers.set((TimerKind.WALLCLOCK, r.request_id), r.clock.wallclock_deadline_at())
+            self._pump(now, out)
+        return out
+
+    def _on_progress(self, ev: ProgressReported, now: float) -> list[Command]:
+        r = self._requests.get(ev.request_id)
+        if r is None:
+            return []
+        engine = r.engine
+        if engine is None or (ev.attempt is not None and ev.attempt != r.attempt):
+            return []
+        r.tokens += ev.tokens
+        engine.liveness.last_progress_at = now
+        if r.is_in_prefill:
+            return self._end_prefill(r, engine, now)
+        r.clock.note_progress(now)
+        return []
+
+    def _end_prefill(self, r: RequestRecord, engine: EngineRecord, now: float) -> list[Command]:
+        """First progress of an attempt: its prefill is over (budget freed, contention may end)."""
+        r.move_to(RequestState.STREAMING)
+        r.is_in_prefill = False
+        engine.slots.finish_prefill(r.uncached_tokens)
+        if r.is_large_prefill:
+            r.is_large_prefill = False
+            engine.meter.remove_large_prefill(now)
+            engine.liveness.large_prefill_tokens -= r.uncached_tokens
+            if self._is_engine_mode:
+                engine.timers[ChargeClass.SOLO].discard(r.request_id)
+            r.clock.switch_class(ChargeClass.FREE, now)
+        r.clock.note_progress(now)
+        if self._is_engine_mode:
+            self._arm_request(r, engine)
+            self._reschedule_engine(engine, now)
+        out: list[Command] = []
+        if engine.slots.prefill_token_budget != math.inf:
+            self._pump(now, out)  # prefill budget freed: something may fit now
+        return out
+
+    def _on_finished(self, ev: UpstreamFinished, now: float) -> list[Command]:
+        r = self._requests.get(ev.request_id)
+        if r is None or r.engine is None or (ev.attempt is not None and ev.attempt != r.attempt):
+            return []
+        self._sessions.grow(r.routing_key, r.engine.engine_id, r.prompt_tokens + r.tokens)
+        engine_id = r.engine.engine_id
+        self._detach(r, now)
+        r.move_to(RequestState.DONE)
+        r.clock.finish(now)
+        out: list[Command] = [Complete(request_id=r.request_id, timing=self._breakdown(r, now, engine_id))]
+        self._counts["completed"] += 1
+        self._free(r)
+        self._pump(now, out)
+        return out
+
+    def _on_upstream_failed(self, ev: UpstreamFailed, now: float) -> list[Command]:
+        r = self._requests.get(ev.request_id)
+        engine = None if r is None else r.engine
+        if r is None or engine is None or (ev.attempt is not None and ev.attempt != r.attempt):
+            return []
+        out: list[Command] = []
+        if ev.engine_unreachable and engine.state is EngineState.HEALTHY:
+            self._mark(engine, EngineState.UNHEALTHY, now, out, ev.reason)
+        self._detach(r, now)
+        detail = ev.reason if ev.status is None else f"{ev.reason} (status {ev.status})"
+        if not ev.retryable:
+            self._fail(r, FailReason.UPSTREAM, now, out, detail=detail)
+        elif r.fault_attempts >= self._config.max_attempts:
+            self._fail(r, FailReason.ATTEMPTS_EXHAUSTED, now, out, detail=detail)
+        else:
+            self._retry(r, engine, now)
+        self._pump(now, out)
+        return out
+
+    def _on_disconnected(self, ev: ClientDisconnected, now: float) -> list[Command]:
+        r = self._requests.get(ev.request_id)
+        if r is None or not self._is_engine_mode:
+            return []
+        r.is_disconnected = True
+        out: list[Command] = []
+        if self._config.retry_grace_s == 0:
+            self._forget(r, now, out)
+            self._pump(now, out)
+        else:
+            self._timers.set((TimerKind.GRACE, r.request_id), now + self._config.retry_grace_s)
+        return out
+
+    def _on_attached(self, ev: ClientAttached, now: float) -> list[Command]:
+        r = self._requests.get(ev.request_id)
+        if r is not None:
+            r.is_disconnected = False
+            self._timers.discard((TimerKind.GRACE, r.request_id))
+        return []
+
+    # --- engines -----------------------------------------------------------------------------------------
+
+    def _on_engine_joined(self, ev: EngineJoined, now: float) -> list[Command]:
+        capacity = ev.capacity if self._is_engine_mode else math.inf
+        budget = ev.prefill_token_budget if self._is_engine_mode else math.inf
+        out: list[Command] = []
+        engine = self._engines.get(ev.engine_id)
+        if engine is None:
+            self._engine_seq += 1
+            engine = EngineRecord(
+                engine_id=ev.engine_id,
+                order=self._engine_seq,
+                now=now,
+                capacity=capacity,
+                prefill_token_budget=budget,
+                is_healthy=ev.healthy,
+                is_gate_closed=self._gate.is_closed,
+                pool_stall_timeout_s=self._config.engine_stall_timeout_s,
+            )
+            self._engines[ev.engine_id] = engine
+        else:  # a re-probe: new limits, and its health as a health check
+            engine.slots.capacity = capacity
+            engine.slots.prefill_token_budget = budget
+            self._apply_health(engine, ev.healthy, now, out)
+        self._refresh_engines(now)
+        self._pump(now, out)
+        return out
+
+    def _on_engine_left(self, ev: EngineLeft, now: float) -> list[Command]:
+        engine = self._engines.get(ev.engine_id)
+        if engine is None:
+            return []
+        out: list[Command] = []
+        for r in sorted(engine.requests.values(), key=lambda r: r.sort_key):
+            self._abort(r, AbortReason.ENGINE_LEFT, out)
+            self._detach(r, now)
+            if r.pinned_engine == engine.engine_id:
+                self._fail(r, FailReason.NO_ENGINE, now, out, detail="its engine left the pool")
+            else:
+                self._requeue(r, now)
+        self._fail_pinned_waiters(engine.engine_id, now, out, "its engine left the pool")
+        for rid in self._queue.ids_in_lane((engine.engine_id, False)):
+            self._queue.move(rid, SHARED)
+        del self._engines[ev.engine_id]
+        self._timers.discard((TimerKind.CHARGE, engine.engine_id))
+        self._timers.discard((TimerKind.LIVE, engine.engine_id))
+        self._refresh_engines(now)
+        self._pump(now, out)
+        return out
+
+    def _on_health_checked(self, ev: EngineHealthChecked, now: float) -> list[Command]:
+        engine = self._engines.get(ev.engine_id)
+        out: list[Command] = []
+        if engine is not None:
+            self._apply_health(engine, ev.healthy, now, out)
+            self._refresh_engines(now)
+            self._pump(now, out)
+        return out
+
+    def _apply_health(self, engine: EngineRecord, healthy: bool, now: float, out: list[Command]) -> None:
+        if healthy and engine.state is not EngineState.HEALTHY:
+            self._mark(engine, EngineState.HEALTHY, now, out, "health check passed")
+        elif not healthy and engine.state is EngineState.HEALTHY:
+            self._mark(engine, EngineState.UNHEALTHY, now, out, "health check failed")
+
+    def _on_engine_paused(self, ev: EnginePaused, now: float) -> list[Command]:
+        engine = self._engines.get(ev.engine_id)
+        if engine is not None and not engine.is_paused:
+            engine.is_paused = True
+            engine.meter.set_paused(now, True)
+            self._reschedule_engine(engine, now)
+            self._refresh_engines(now)
+        return []
+
+    def _on_engine_resumed(self, ev: EngineResumed, now: float) -> list[Command]:
+        engine = self._engines.get(ev.engine_id)
+        out: list[Command] = []
+        if engine is not None and engine.is_paused:
+            engine.is_paused = False
+            engine.meter.set_paused(now, self._gate.is_closed)
+            engine.liveness.note_resumed(now)
+            self._reschedule_engine(engine, now)
+            self._refresh_engines(now)
+            self._pump(now, out)
+        return out
+
+    # --- the gate ----------------------------------------------------------------------------------------
+
+    def _on_gate_closed(self, ev: GateClosed, now: float) -> list[Command]:
+        self._gate.close(ev.mode, now)
+        self._pool.set_paused(now, True)
+        self._timers.discard((TimerKind.QUEUE, ""))
+        out: list[Command] = []
+        in_flight = [r for e in self._engines.values() for r in e.requests.values()]
+        for engine in self._engines.values():
+            engine.meter.set_paused(now, True)
+            self._reschedule_engine(engine, now)
+        if ev.mode is PauseMode.ABORT:
+            for r in sorted(in_flight, key=lambda r: r.sort_key):
+                self._abort(r, AbortReason.REQUEUE, out)
+                self._detach(r, now)
+                self._requeue(r, now)
+        return out
+
+    def _on_gate_opened(self, ev: GateOpened, now: float) -> list[Command]:
+        out: list[Command] = []
+        if not self._gate.open():
+            return out
+        self._pool.set_paused(now, False)
+        self._reschedule_queue(now)
+        for engine in self._engines.values():
+            engine.meter.set_paused(now, engine.is_paused)
+            engine.liveness.note_resumed(now)
+            self._reschedule_engine(engine, now)
+        self._pump(now, out)
+        return out
+
+    # --- verdicts ------------------------------------------------------------------------------------------
+
+    def _fire_charge(self, engine_id: str, now: float, out: list[Command]) -> None:
+        engine = self._engines[engine_id]
+        meter = engine.meter
+        while True:
+            due = None
+            for cls in CHARGE_CLASSES:
+                if (
+                    meter.is_running(cls)
+                    and engine.timers[cls].next_at() <= meter.value(cls, now) + EPSILON_S
+                ):
+                    due = cls
+                    break
+            if due is None:
+                break
+            rid = engine.timers[due].pop_due(math.inf)
+            assert rid is not None
+            self._judge(self._requests[rid], engine, meter.value(due, now) + EPSILON_S, now, out)
+        self._reschedule_engine(engine, now)
+
+    def _judge(
+        self, r: RequestRecord, engine: EngineRecord, v_now: float, now: float, out: list[Command]
+    ) -> None:
+        """A request's virtual deadline came: timed out, stuck, or not yet (re-arm)."""
+        clock = r.clock
+        timeout_v = clock.timeout_v()
+        if timeout_v <= v_now:
+            self._fail(
+                r, FailReason.TIMEOUT, now, out, abort=AbortReason.TIMEOUT, detail="charged engine time"
+            )
+            return
+        stall_v = clock.stall_v(self._own_prefill_allowance(r))
+        if stall_v > v_now:
+            engine.timers[clock.charge_class].set(r.request_id, min(timeout_v, stall_v))
+        elif engine.liveness.last_progress_at > clock.progress_at:
+            self._stuck(r, engine, now, out)
+        else:  # the whole engine is silent: engine liveness decides; look again shortly
+            engine.timers[clock.charge_class].set(
+                r.request_id, min(timeout_v, v_now + self._config.stall_recheck_s)
+            )
+
+    def _stuck(self, r: RequestRecord, engine: EngineRecord, now: float, out: list[Command]) -> None:
+        self._abort(r, AbortReason.STUCK, out)
+        self._detach(r, now)
+        if r.stuck_count or r.fault_attempts >= self._config.max_attempts:
+            self._fail(r, FailReason.STALL, now, out, detail="no progress while its engine progressed")
+        else:
+            r.stuck_count += 1
+            self._retry(r, engine, now)
+
+    def _fire_liveness(self, engine_id: str, now: float, out: list[Command]) -> None:
+        engine = self._engines[engine_id]
+        due_at = engine.liveness.due_at(
+            floor_tokens_per_s=self._config.prefill_floor_tokens_per_s,
+            max_allowance_s=self._config.max_prefill_allowance_s,
+        )
+        if due_at > now:
+            self._timers.set((TimerKind.LIVE, engine_id), due_at)
+            return
+        silent_s = now - engine.liveness.silent_since_at()
+        self._counts["quarantined"] += 1
+        self._mark(engine, EngineState.QUARANTINED, now, out, f"no progress for {silent_s:.1f}s")
+        for r in sorted(engine.requests.values(), key=lambda r: r.sort_key):
+            self._abort(r, AbortReason.ENGINE_HUNG, out)
+            self._detach(r, now)
+            if r.pinned_engine == engine_id:
+                self._fail(r, FailReason.NO_ENGINE, now, out, detail="its engine hung")
+            elif r.fault_attempts >= self._config.max_attempts:
+                self._fail(r, FailReason.ATTEMPTS_EXHAUSTED, now, out, detail="its engine hung")
+            else:
+                self._retry(r, engine, now)
+        self._fail_pinned_waiters(engine_id, now, out, "its engine hung")
+
+    def _fire_queue(self, now: float, out: list[Command]) -> None:
+        limit = self._pool.value(ChargeClass.FREE, now) + EPSILON_S
+        while (rid := self._queue_timers.pop_due(limit)) is not None:
+            r = self._requests[rid]
+            self._fail(r, FailReason.QUEUE_TIMEOUT, now, out, retry_after_s=self._config.retry_after_s)
+        self._reschedule_queue(now)
+
+    # --- engine bookkeeping --------------------------------------------------------------------------------

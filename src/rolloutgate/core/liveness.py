@@ -1,0 +1,114 @@
+"""Per-engine liveness: an engine with work that shows no progress at all for its stall window is hung.
+
+Theory of operation
+-------------------
+Liveness is judged per engine, the budget per request (DESIGN.md). An engine is *watched* while it has requests
+in flight, is not paused (EnginePaused), and the gate is not closed in IN_PLACE mode. While watched, it is hung
+when no in-flight request made progress for its stall window:
+
+    window   = min(stall_timeout_s of its in-flight requests, the pool's engine_stall_timeout_s)
+               + prefill allowance
+    due_at   = max(last progress on the engine, when it became busy, when it was resumed) + window
+
+The window starts when the engine became busy (0 -> 1 in flight) or was resumed, never earlier: an engine that
+was idle or paused for an hour is not "silent for an hour" the moment it gets work.
+
+Prefill allowance. A large prefill legitimately shows no progress: with prefill-first scheduling (SGLang, see
+reference/engines.md B.3) the engine's running decodes get nothing during a 30-40 s prefill of a 100K-token
+prompt, and several queued prefills run back to back. While large prefills (>= contention_min_prefill_tokens
+uncached) are in progress on the engine, the window grows by the time those prompts need at a conservative
+floor rate, capped:
+
+    allowance = min(max_prefill_allowance_s, large prefill tokens in progress / prefill_floor_tokens_per_s)
+
+With the defaults (2,000 tok/s, cap 300 s), one 100K prefill adds 50 s: a 40 s prefill under a 60 s stall
+timeout is not a hang, and an engine frozen with that prefill in progress is caught after at most 110 s. With no
+large prefill in progress the allowance is 0 and a frozen engine is caught exactly `stall_timeout_s` after its
+last progress (the deadline is exact; there is no polling).
+
+Progress (the hot path) only stores `last_progress_at`; the gateway's timer for the engine is lazy: when it fires
+the due time is recomputed, and the timer is set again if progress moved it.
+
+Rules:
+1. The minimum stall timeout is kept as counts plus a lazy min-heap of distinct values: O(log d) per change.
+2. This module judges engines only; a request stuck alone is judged by its clock (request_clock.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+__all__ = ("EngineLiveness", "prefill_allowance_s")
+
+
+def prefill_allowance_s(prefill_tokens: int, *, floor_tokens_per_s: float, max_allowance_s: float) -> float:
+    """Time `prefill_tokens` of uncached prompt legitimately take at the floor rate, capped."""
+    if prefill_tokens <= 0:
+        return 0.0
+    return min(max_allowance_s, prefill_tokens / floor_tokens_per_s)
+
+
+class EngineLiveness:
+    """One engine's progress record and stall window; see the module docstring."""
+
+    __slots__ = (
+        "_counts",
+        "_heap",
+        "large_prefill_tokens",
+        "last_progress_at",
+        "pool_stall_timeout_s",
+        "window_start_at",
+    )
+
+    def __init__(self, *, now: float, pool_stall_timeout_s: float = math.inf) -> None:
+        self.last_progress_at = -math.inf
+        self.window_start_at = now
+        self.large_prefill_tokens = 0
+        self.pool_stall_timeout_s = pool_stall_timeout_s
+        self._counts: dict[float, int] = {}
+        self._heap: list[float] = []
+
+    def add_request(self, stall_timeout_s: float) -> None:
+        count = self._counts.get(stall_timeout_s, 0)
+        if count == 0:
+            heapq.heappush(self._heap, stall_timeout_s)
+        self._counts[stall_timeout_s] = count + 1
+
+    def remove_request(self, stall_timeout_s: float) -> None:
+        count = self._counts[stall_timeout_s] - 1
+        if count:
+            self._counts[stall_timeout_s] = count
+        else:
+            del self._counts[stall_timeout_s]
+
+    def note_busy(self, now: float) -> None:
+        """The engine went from idle to having work: its window starts now."""
+        self.window_start_at = now
+
+    def note_resumed(self, now: float) -> None:
+        """The engine (or the gate) was resumed: its window starts again now."""
+        self.window_start_at = now
+
+    def min_stall_timeout_s(self) -> float:
+        heap = self._heap
+        while heap and heap[0] not in self._counts:
+            heapq.heappop(heap)
+        own = heap[0] if heap else math.inf
+        return min(own, self.pool_stall_timeout_s)
+
+    def silent_since_at(self) -> float:
+        return max(self.last_progress_at, self.window_start_at)
+
+    def due_at(self, *, floor_tokens_per_s: float, max_allowance_s: float) -> float:
+        """When the engine counts as hung if nothing changes (the caller checks that it is watched)."""
+        allowance = prefill_allowance_s(
+            self.large_prefill_tokens, floor_tokens_per_s=floor_tokens_per_s, max_allowance_s=max_allowance_s
+        )
+        return self.silent_since_at() + self.min_stall_timeout_s() + allowance
+
+    def __repr__(self) -> str:
+        return (
+            f"<EngineLiveness silent since {self.silent_since_at():.3f}, "
+            f"min stall {self.min_stall_timeout_s():.1f}s, {self.large_prefill_tokens} large prefill tokens>"
+        )

@@ -1,0 +1,102 @@
+"""The placement interface: which engine a request should run on, now.
+
+Theory of operation: a policy is a pure function of the request and a read-only view of the schedulable engines
+(healthy and not paused; the gateway filters). `choose` returns an engine that can admit the request now (a free
+slot and room in its prefill budget, `EngineView.can_admit`), or None: nothing suitable can take it now. The
+gateway then parks the request: on its pinned engine, on its affine engine when the policy is affinity-aware and
+that engine is schedulable, or else it stays at the head of the shared lane (see dispatcher.py).
+
+Rules:
+1. Policies never mutate anything and never use randomness unless injected (`random.Random`).
+2. `pinned_engine` requests go only there (`choose_pinned`).
+3. `avoid_engines` (where the request just failed, hung or got stuck) are used only when no other engine is
+   schedulable at all (`eligible`).
+4. Ties between equally loaded engines break on outstanding prompt tokens, then on engine order (join order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, TypeVar
+
+__all__ = ("EngineView", "PlacementPolicy", "PlacementRequest", "choose_pinned", "eligible", "least_loaded")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlacementRequest:
+    """What placement needs to know about one request."""
+
+    request_id: str
+    prompt_tokens: int
+    pinned_engine: str | None = None
+    affine_engine: str | None = None  # where its session's prefix is cached, if known (and not avoided)
+    affine_cached_tokens: int = 0
+    avoid_engines: frozenset[str] = frozenset()
+
+    def uncached_on(self, engine_id: str) -> int:
+        """Prompt tokens `engine_id` would have to prefill."""
+        if engine_id == self.affine_engine:
+            return max(0, self.prompt_tokens - self.affine_cached_tokens)
+        return self.prompt_tokens
+
+
+class EngineView(Protocol):
+    """A read-only view of one schedulable engine."""
+
+    @property
+    def engine_id(self) -> str: ...
+
+    @property
+    def order(self) -> int: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def outstanding_tokens(self) -> int: ...
+
+    def can_admit(self, request: PlacementRequest) -> bool: ...
+
+
+class PlacementPolicy(Protocol):
+    name: ClassVar[str]
+
+    def choose(self, request: PlacementRequest, engines: Sequence[EngineView]) -> str | None:
+        """An engine id that can admit `request` now, or None."""
+        ...
+
+
+E = TypeVar("E", bound=EngineView)
+
+
+def eligible(request: PlacementRequest, engines: Sequence[E]) -> Sequence[E]:
+    """The engines the request may use: all but the avoided ones, unless only avoided ones exist."""
+    avoid = request.avoid_engines
+    if not avoid:
+        return engines
+    others = [e for e in engines if e.engine_id not in avoid]
+    return others if others else engines
+
+
+def choose_pinned(request: PlacementRequest, engines: Sequence[EngineView]) -> str | None:
+    """For a pinned request: its engine if schedulable and able to admit it now, else None."""
+    for engine in engines:
+        if engine.engine_id == request.pinned_engine:
+            return engine.engine_id if engine.can_admit(request) else None
+    return None
+
+
+def least_loaded(request: PlacementRequest, engines: Sequence[EngineView]) -> str | None:
+    """Least outstanding work among the engines that can admit the request now."""
+    best: EngineView | None = None
+    for engine in engines:
+        if not engine.can_admit(request):
+            continue
+        if best is None or (engine.in_flight, engine.outstanding_tokens, engine.order) < (
+            best.in_flight,
+            best.outstanding_tokens,
+            best.order,
+        ):
+            best = engine
+    return None if best is None else best.engine_id

@@ -1,0 +1,362 @@
+"""Request clocks: the one home of budget arithmetic (what is charged, what is not, and when budgets run out).
+
+Theory of operation
+-------------------
+A request's life is a sequence of *stints*: queued in the gateway, or dispatched to one engine. Each stint runs
+on a `ChargeMeter`. Every engine has one, and the gateway's wait queue has one (the "pool meter"). A meter
+integrates, over time, which *mode* its owner was in:
+
+    PAUSED      the gate is closed, or (engines) the engine itself is paused
+    FREE        not paused, and no large prefill is in progress on the engine
+    SOLO        not paused, and exactly one large prefill is in progress
+    CONTENDED   not paused, and two or more large prefills are in progress
+
+("large" = at least `contention_min_prefill_tokens` uncached prompt tokens, dispatched, no progress yet.)
+The pool meter is only ever PAUSED or FREE. Each request on an engine belongs to a *charge class*:
+
+    FREE class  an ordinary request: charged while the engine is FREE
+    SOLO class  a request that is itself a large prefill: charged while the engine is SOLO (it is the only one)
+
+so a request is never charged while the gate or its engine is paused, nor while ANOTHER request on its engine is
+in a large prefill (contention). A request's charged time is the growth of its class's integral over its stints:
+reading it is O(1), and a change of the engine's mode (a prefill starting or ending, a pause) is O(1) for the
+engine no matter how many requests it runs. The meter's class integral is also the request's *virtual time*:
+budgets become virtual deadlines ("class integral reaches V"), kept in per-engine timer heaps, and turned into a
+real deadline only while the class's integral is running (`ChargeMeter.real_at`).
+
+Per request (all durations in seconds):
+
+    wall        = now - arrived_at
+    queue       = FREE time of the pool meter during queued stints
+    paused      = PAUSED time of either meter, queued or dispatched
+    dispatched  = real time of dispatched stints
+    charged     = class time during dispatched stints
+    contention  = dispatched - paused (while dispatched) - charged
+    stall       = real time since the last progress (or dispatch) in the current attempt
+
+The stall *budget* is measured in the same virtual time as the charge: "no progress for stall_timeout of time
+in which the request should have been progressing", so contention and pauses never count as a stall. A resume
+(the meter leaving PAUSED) restarts every request's stall window on that meter.
+
+Rules:
+1. No other module adds or subtracts durations to judge a budget; they call this one.
+2. `now` never decreases across calls for one meter (the driver's clock is monotonic).
+3. `deadline_at(now)` is math.inf while the request is not charging.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+
+from rolloutgate.core.timing import TimingBreakdown
+
+__all__ = ("EPSILON_S", "ChargeClass", "ChargeMeter", "RequestClock")
+
+EPSILON_S = 1e-6
+"""Virtual deadlines within this of the meter's value are due (float rounding between real and virtual time)."""
+
+
+class ChargeClass(enum.IntEnum):
+    FREE = 0  # charged while no large prefill runs on the engine
+    SOLO = 1  # itself a large prefill: charged while it is the only one
+
+
+_PAUSED, _FREE, _SOLO, _CONTENDED = 0, 1, 2, 3
+
+
+class ChargeMeter:
+    """Integrates an engine's (or the queue's) modes over time; see the module docstring."""
+
+    __slots__ = (
+        "_at",
+        "_big",
+        "_is_paused",
+        "_mode",
+        "free_mark",
+        "free_total",
+        "paused_total",
+        "solo_mark",
+        "solo_total",
+    )
+
+    def __init__(self, *, is_paused: bool = False) -> None:
+        self._at = 0.0
+        self._is_paused = is_paused
+        self._big = 0
+        self._mode = _PAUSED if is_paused else _FREE
+        self.paused_total = 0.0
+        self.free_total = 0.0
+        self.solo_total = 0.0
+        self.free_mark = 0.0  # class integrals at the last resume: stall windows start there
+        self.solo_mark = 0.0
+
+    # --- changes ---------------------------------------------------------------------------------------
+
+    def _advance(self, now: float) -> None:
+        dt = now - self._at
+        if dt > 0:
+            mode = self._mode
+            if mode == _FREE:
+                self.free_total += dt
+            elif mode == _PAUSED:
+                self.paused_total += dt
+            elif mode == _SOLO:
+                self.solo_total += dt
+        self._at = now
+
+    def _set_mode(self) -> None:
+        if self._is_paused:
+            self._mode = _PAUSED
+        else:
+            self._mode = _FREE if self._big == 0 else _SOLO if self._big == 1 else _CONTENDED
+
+    def set_paused(self, now: float, is_paused: bool) -> None:
+        """Enter or leave PAUSED. Leaving it restarts the stall windows of the meter's requests."""
+        self._advance(now)
+        if self._is_paused and not is_paused:
+            self.free_mark = self.free_total
+            self.solo_mark = self.solo_total
+        self._is_paused = is_paused
+        self._set_mode()
+
+    def add_large_prefill(self, now: float) -> None:
+        self._advance(now)
+        self._big += 1
+        self._set_mode()
+
+    def remove_large_prefill(self, now: float) -> None:
+        self._advance(now)
+        if self._big <= 0:
+            raise ValueError("no large prefill to remove")
+        self._big -= 1
+        self._set_mode()
+
+    # --- readings --------------------------------------------------------------------------------------
+
+    @property
+    def large_prefills(self) -> int:
+        return self._big
+
+    def is_running(self, cls: ChargeClass) -> bool:
+        """True if requests of class `cls` are being charged now."""
+        return self._mode == (_FREE if cls is ChargeClass.FREE else _SOLO)
+
+    def value(self, cls: ChargeClass, now: float) -> float:
+        """The class integral at `now` (virtual time of class `cls`)."""
+        if cls is ChargeClass.FREE:
+            return self.free_total + (now - self._at if self._mode == _FREE else 0.0)
+        return self.solo_total + (now - self._at if self._mode == _SOLO else 0.0)
+
+    def paused_value(self, now: float) -> float:
+        return self.paused_total + (now - self._at if self._mode == _PAUSED else 0.0)
+
+    def mark(self, cls: ChargeClass) -> float:
+        return self.free_mark if cls is ChargeClass.FREE else self.solo_mark
+
+    def real_at(self, cls: ChargeClass, virtual_at: float, now: float) -> float:
+        """When (real time) the class integral reaches `virtual_at` if the mode stays as it is; inf if stopped."""
+        if virtual_at == math.inf or not self.is_running(cls):
+            return math.inf
+        return now + max(0.0, virtual_at - self.value(cls, now))
+
+    def __repr__(self) -> str:
+        mode = ("paused", "free", "solo", "contended")[self._mode]
+        return f"<ChargeMeter {mode} large_prefills={self._big} free={self.free_total:.3f}>"
+
+
+class RequestClock:
+    """One request's clocks and budgets; see the module docstring for the definitions."""
+
+    __slots__ = (
+        "_charge0",
+        "_charged_s",
+        "_cls",
+        "_dispatched_s",
+        "_ended_at",
+        "_is_dispatched",
+        "_meter",
+        "_paused0",
+        "_paused_dispatched_s",
+        "_paused_queued_s",
+        "_queue_s",
+        "_stall_s",
+        "_stint_at",
+        "arrived_at",
+        "progress_at",
+        "progress_v",
+        "stall_timeout_s",
+        "timeout_s",
+    )
+
+    def __init__(self, *, arrived_at: float, timeout_s: float, stall_timeout_s: float) -> None:
+        self.arrived_at = arrived_at
+        self.timeout_s = timeout_s
+        self.stall_timeout_s = stall_timeout_s
+        self._queue_s = 0.0
+        self._paused_queued_s = 0.0
+        self._paused_dispatched_s = 0.0
+        self._dispatched_s = 0.0
+        self._charged_s = 0.0
+        self._stall_s = 0.0
+        self._meter: ChargeMeter | None = None
+        self._cls = ChargeClass.FREE
+        self._is_dispatched = False
+        self._stint_at = arrived_at
+        self._paused0 = 0.0
+        self._charge0 = 0.0
+        self._ended_at = math.inf
+        self.progress_at = arrived_at  # real time of the last progress (or of the dispatch)
+        self.progress_v = 0.0  # class integral at that moment
+
+    # --- stints ----------------------------------------------------------------------------------------
+
+    def start_queued(self, pool: ChargeMeter, now: float) -> None:
+        """Begin a stint in the gateway's queue (the pool meter is FREE while the gate is open)."""
+        self.end_stint(now)
+        self._meter = pool
+        self._is_dispatched = False
+        self._cls = ChargeClass.FREE
+        self._stint_at = now
+        self._paused0 = pool.paused_value(now)
+        self._charge0 = pool.value(ChargeClass.FREE, now)
+
+    def start_dispatched(self, meter: ChargeMeter, cls: ChargeClass, now: float) -> None:
+        """Begin a stint on an engine, charged in class `cls`."""
+        self.end_stint(now)
+        self._meter = meter
+        self._is_dispatched = True
+        self._cls = cls
+        self._stint_at = now
+        self._paused0 = meter.paused_value(now)
+        self._charge0 = meter.value(cls, now)
+        self.progress_at = now
+        self.progress_v = self._charge0
+
+    def switch_class(self, cls: ChargeClass, now: float) -> None:
+        """The request's own large prefill ended: bank the charge so far and continue in class `cls`."""
+        meter = self._meter
+        if meter is None or not self._is_dispatched:
+            raise ValueError("switch_class needs a dispatched stint")
+        self._charged_s += meter.value(self._cls, now) - self._charge0
+        self._cls = cls
+        self._charge0 = meter.value(cls, now)
+
+    def note_progress(self, now: float) -> None:
+        """The engine produced output for this request (hot path: O(1), no allocation)."""
+        self.progress_at = now
+        meter = self._meter
+        if meter is not None:
+            self.progress_v = meter.value(self._cls, now)
+
+    def end_stint(self, now: float) -> None:
+        """Bank the current stint (no-op if there is none)."""
+        meter = self._meter
+        if meter is None:
+            return
+        paused = meter.paused_value(now) - self._paused0
+        charge = meter.value(self._cls, now) - self._charge0
+        if self._is_dispatched:
+            self._dispatched_s += now - self._stint_at
+            self._paused_dispatched_s += paused
+            self._charged_s += charge
+            self._stall_s = now - self.progress_at
+        else:
+            self._queue_s += charge
+            self._paused_queued_s += paused
+        self._meter = None
+        self._is_dispatched = False
+
+    def finish(self, now: float) -> None:
+        """The request ended: freeze every clock at `now`."""
+        self.end_stint(now)
+        self._ended_at = now
+
+    # --- readings --------------------------------------------------------------------------------------
+
+    @property
+    def charge_class(self) -> ChargeClass:
+        return self._cls
+
+    @property
+    def is_dispatched(self) -> bool:
+        return self._is_dispatched
+
+    def charged_s(self, now: float) -> float:
+        meter = self._meter
+        if meter is None or not self._is_dispatched:
+            return self._charged_s
+        return self._charged_s + meter.value(self._cls, now) - self._charge0
+
+    def queue_s(self, now: float) -> float:
+        meter = self._meter
+        if meter is None or self._is_dispatched:
+            return self._queue_s
+        return self._queue_s + meter.value(ChargeClass.FREE, now) - self._charge0
+
+    def is_charging(self) -> bool:
+        meter = self._meter
+        return meter is not None and self._is_dispatched and meter.is_running(self._cls)
+
+    def timeout_v(self) -> float:
+        """Virtual time (current class) at which the charged time reaches `timeout_s`."""
+        return self._charge0 + self.timeout_s - self._charged_s
+
+    def stall_v(self, allowance_s: float = 0.0) -> float:
+        """Virtual time at which the stall window (plus `allowance_s`, e.g. its own prefill) runs out."""
+        meter = self._meter
+        start = self.progress_v if meter is None else max(self.progress_v, meter.mark(self._cls))
+        return start + self.stall_timeout_s + allowance_s
+
+    def queue_v(self, queue_timeout_s: float) -> float:
+        """Virtual time of the pool meter at which the queue time reaches `queue_timeout_s`."""
+        return self._charge0 + queue_timeout_s - self._queue_s
+
+    def deadline_at(self, now: float) -> float:
+        """Real time at which the charged time reaches `timeout_s` if nothing changes; inf while not charging."""
+        meter = self._meter
+        if meter is None or not self._is_dispatched:
+            return math.inf
+        return meter.real_at(self._cls, self.timeout_v(), now)
+
+    def wall_deadline_at(self, max_wall_s: float) -> float:
+        """When the wall clock reaches `max_wall_s`."""
+        return self.arrived_at + max_wall_s
+
+    def wallclock_deadline_at(self) -> float:
+        """WALLCLOCK mode (the incident's proxy): the timeout counts wall time from arrival."""
+        return self.arrived_at + self.timeout_s
+
+    def breakdown(self, now: float, *, attempts: int, engine_id: str | None, tokens: int) -> TimingBreakdown:
+        """The timing so far (or the final one after `finish`)."""
+        at = min(now, self._ended_at)
+        meter = self._meter
+        queue_s, paused_q, paused_d = self._queue_s, self._paused_queued_s, self._paused_dispatched_s
+        dispatched_s, charged_s, stall_s = self._dispatched_s, self._charged_s, self._stall_s
+        if meter is not None:
+            paused = meter.paused_value(at) - self._paused0
+            charge = meter.value(self._cls, at) - self._charge0
+            if self._is_dispatched:
+                dispatched_s += at - self._stint_at
+                paused_d += paused
+                charged_s += charge
+                stall_s = at - self.progress_at
+            else:
+                queue_s += charge
+                paused_q += paused
+        return TimingBreakdown(
+            wall_s=at - self.arrived_at,
+            queue_s=queue_s,
+            paused_s=paused_q + paused_d,
+            contention_s=max(0.0, dispatched_s - paused_d - charged_s),
+            charged_s=charged_s,
+            stall_s=stall_s,
+            dispatched_s=dispatched_s,
+            attempts=attempts,
+            engine_id=engine_id,
+            tokens=tokens,
+        )
+
+    def __repr__(self) -> str:
+        where = "dispatched" if self._is_dispatched else "queued" if self._meter is not None else "idle"
+        return f"<RequestClock {where} charged={self._charged_s:.3f}s queue={self._queue_s:.3f}s>"

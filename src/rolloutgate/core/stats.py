@@ -1,0 +1,53 @@
+"""Observability as values: what `Gateway.stats()` returns.
+
+Theory of operation: the core never logs or exports metrics; the edge reads these frozen snapshots and turns
+them into Prometheus series, admin pages and log lines. Counters only grow; gauges (queued, in flight) return to
+zero when the gateway is idle (a test checks this: no state leaks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ("EngineStats", "GatewayStats")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineStats:
+    engine_id: str
+    state: str  # EngineState value
+    is_paused: bool
+    in_flight: int
+    capacity: float  # math.inf in wallclock mode
+    prefill_tokens: int  # uncached prompt tokens in prefill
+    large_prefills: int  # prefills that count as contention
+    waiting: int  # requests waiting for this engine (pinned or affine lanes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayStats:
+    clock_mode: str
+    gate: str  # "open" or the PauseMode value it is closed in
+    queued: int
+    in_flight: int
+    live_requests: int  # request records held: queued + in flight (+ none else: ended ones are freed)
+    engines: tuple[EngineStats, ...]
+    pending_timers: int
+    sessions: int
+    arrived: int
+    dispatched: int
+    redispatched: int  # dispatches with attempt > 1
+    completed: int
+    client_gone: int  # forgotten after the client left (no Fail)
+    quarantined: int  # times an engine was caught hung
+    fails: Mapping[str, int]  # FailReason value -> count
+    aborts: Mapping[str, int]  # AbortReason value -> count
+
+    @property
+    def timeouts(self) -> int:
+        """Requests ended by a time budget (charged, stall, queue, wall)."""
+        return sum(self.fails.get(k, 0) for k in ("timeout", "stall", "queue_timeout", "max_wall"))
+
+    def in_flight_by_engine(self) -> dict[str, int]:
+        return {e.engine_id: e.in_flight for e in self.engines}

@@ -1,0 +1,397 @@
+"""Shared aiohttp plumbing for the engine adapters: SSE framing, error mapping, small JSON/metrics helpers.
+
+Theory of operation:
+
+- `SseParser` is sans-IO: bytes in (any split, LF or CRLF line ends), event data out. It joins buffered
+  pieces only when a chunk completes an event, so a megabyte-sized SGLang cumulative chunk that arrives in
+  64 KiB pieces is copied once, not once per piece. `iter_sse_data` drives it from an aiohttp response with
+  `iter_any()` (whatever the socket has, no line-by-line reads) and stops at `[DONE]`.
+- `map_exceptions()` is the one boundary where aiohttp, OS and JSON errors become `UpstreamError`; adapters
+  wrap every network call in it, so nothing from aiohttp reaches the server. Connection failures, resets,
+  timeouts, truncated or unreadable bodies are retryable (another engine may do better); an engine's 4xx is
+  not (the request itself is wrong), except 408 and 429; 5xx is.
+- Sessions are injected: one `aiohttp.ClientSession` per gateway, owned by the server. Generations run with
+  no read timeout (the gateway's stall and budget clocks judge them); control calls carry their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+from rolloutgate.engines.base import UpstreamError
+
+__all__ = (
+    "DONE",
+    "JSON_HEADERS",
+    "ControlTimeouts",
+    "SseParser",
+    "check_json_object",
+    "fetch_models",
+    "get_json",
+    "get_text",
+    "is_error_frame",
+    "is_ok",
+    "iter_sse_data",
+    "map_exceptions",
+    "parse_prometheus",
+    "positive_int",
+    "post_json",
+    "raise_for_error_frame",
+    "raise_for_status",
+    "status_error",
+)
+
+log = logging.getLogger(__name__)
+
+DONE = b"[DONE]"
+JSON_HEADERS = {"Content-Type": "application/json"}
+_MAX_ERROR_BODY = 64 * 1024
+_DRAIN_AFTER_DONE_S = 1.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ControlTimeouts:
+    """Per-call limits for an adapter's calls. `connect_s` also bounds a generation's connect phase; a
+    generation has no other limit. SGLang's `/health` generates one token and may take up to 20 s."""
+
+    connect_s: float = 10.0
+    probe_s: float = 15.0
+    health_s: float = 30.0
+    load_s: float = 10.0
+    abort_s: float = 10.0
+    pause_s: float = 600.0  # SGLang `abort` pause returns only once every in-flight request has ended
+    weights_s: float | None = None  # loading weights from disk can take minutes
+
+    def __post_init__(self) -> None:
+        for name in ("connect_s", "probe_s", "health_s", "load_s", "abort_s", "pause_s", "weights_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+
+    def generation(self) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=None, sock_connect=self.connect_s)
+
+    def control(self, total_s: float | None) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=total_s, sock_connect=self.connect_s)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# SSE framing
+
+
+class SseParser:
+    """Splits an SSE byte stream into event data payloads (the joined `data:` lines of each event).
+
+    `feed(chunk)` returns the events the chunk completed; `finish()` returns the data of an unterminated last
+    event, if any (a stream cut mid-event, or a server that omits the final blank line). Comments (`:` lines)
+    and fields other than `data` (`event`, `id`, `retry`) are ignored; events without data are skipped.
+
+    Speed: line ends are found with `bytes.find(b"\n")` (memchr, many GB/s) rather than by searching for
+    b"\n\n" or splitting (both run at a few hundred MB/s on JSON); a chunk without any line end is only
+    buffered, so an event arriving in many pieces is joined once.
+    """
+
+    __slots__ = ("_parts", "_skip_lf")
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []  # bytes of the current, incomplete event
+        self._skip_lf = False  # the last chunk ended in b"\r": a b"\n" starting the next one belongs to it
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        if self._skip_lf or b"\r" in chunk:
+            chunk = self._normalize_line_ends(chunk)
+        if not chunk:
+            return []
+        if chunk.find(b"\n") < 0:
+            self._parts.append(chunk)
+            return []
+        if self._parts:
+            self._parts.append(chunk)
+            chunk = b"".join(self._parts)
+            self._parts.clear()
+        events: list[bytes] = []
+        start = scan = 0
+        size = len(chunk)
+        while True:
+            end = chunk.find(b"\n", scan)
+            if end < 0 or end + 1 >= size:
+                break  # no line end, or one whose next byte is still to come
+            if chunk[end + 1] != 0x0A:
+                scan = end + 1  # a line end inside a multi-line event
+                continue
+            if scan == start and chunk.startswith(b"data: ", start):
+                events.append(chunk[start + 6 : end])  # the common case: one `data: ` line
+            else:
+                data = _event_data(chunk[start:end])
+                if data is not None:
+                    events.append(data)
+            start = scan = end + 2
+        if start < size:
+            self._parts.append(chunk[start:] if start else chunk)
+        return events
+
+    def finish(self) -> bytes | None:
+        tail = b"".join(self._parts)
+        self._parts.clear()
+        self._skip_lf = False
+        return _event_data(tail.rstrip(b"\n")) if tail.strip() else None
+
+    def _normalize_line_ends(self, chunk: bytes) -> bytes:
+        """CRLF and lone CR become LF; a CR ending a chunk counts at once, and its LF is dropped later."""
+        if self._skip_lf and chunk[:1] == b"\n":
+            chunk = chunk[1:]
+        self._skip_lf = chunk[-1:] == b"\r"
+        return chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+
+
+def _event_data(block: bytes) -> bytes | None:
+    lines: list[bytes] = []
+    for line in block.split(b"\n"):
+        if not line or line[0] == 0x3A:  # blank, or a `:` comment
+            continue
+        name, _, value = line.partition(b":")
+        if name == b"data":
+            lines.append(value[1:] if value[:1] == b" " else value)
+    return b"\n".join(lines) if lines else None
+
+
+async def iter_sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """Yield each event's data from an SSE response until `[DONE]`.
+
+    Raises UpstreamError (retryable) if the body ends without `[DONE]`: a stream cut short must not pass for
+    a complete answer. aiohttp errors propagate (callers run inside `map_exceptions`).
+    """
+    parser = SseParser()
+    async for chunk in resp.content.iter_any():
+        for data in parser.feed(chunk):
+            if data == DONE:
+                await _drain(resp)
+                return
+            yield data
+    tail = parser.finish()
+    if tail == DONE:
+        return
+    if tail is not None:
+        raise UpstreamError("the engine's stream ended inside an event", retryable=True)
+    raise UpstreamError("the engine's stream ended before [DONE]", retryable=True)
+
+
+async def _drain(resp: aiohttp.ClientResponse) -> None:
+    """Read what follows `[DONE]` (normally only the chunked-body terminator) so the connection is reused."""
+    if resp.content.at_eof():
+        return
+    try:
+        async with asyncio.timeout(_DRAIN_AFTER_DONE_S):
+            while await resp.content.readany():
+                pass
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        resp.close()  # not reusable; aiohttp opens a fresh connection next time
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Errors
+
+
+def check_json_object(data: bytes) -> None:
+    """Raise UpstreamError (retryable) unless `data` looks like one JSON object: a brace at each end.
+
+    Not a parse (that would cost what progress must not, see engines/progress.py), but it stops a garbled
+    stream from reaching a client as events.
+    """
+    if data[:1] == b"{" and data[-1:] == b"}":
+        return
+    stripped = data.strip()
+    if stripped[:1] == b"{" and stripped[-1:] == b"}":
+        return
+    raise UpstreamError(
+        "the engine sent an event that is not a JSON object", retryable=True, body=data[:4096]
+    )
+
+
+def is_error_frame(data: bytes) -> bool:
+    """True for a mid-stream error event, `{"error": {...}}` (SGLang and vLLM both send these)."""
+    if data.startswith(b'{"error"'):
+        return True
+    return data[1:2].isspace() and data[:24].lstrip(b"{ \t\r\n").startswith(b'"error"')
+
+
+def raise_for_error_frame(data: bytes) -> None:
+    """Raise UpstreamError for an error event (call only when `is_error_frame(data)`).
+
+    The status is the frame's `code` when it is an HTTP status; retryable follows the status, or the
+    frame's own `retryable` (SGLang `/generate`) when it has one.
+    """
+    try:
+        error = orjson.loads(data)["error"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        raise UpstreamError("the engine sent an unreadable error event", retryable=True, body=data) from None
+    if not isinstance(error, dict):
+        error = {"message": str(error)}
+    code = error.get("code")
+    status = code if isinstance(code, int) and 400 <= code <= 599 else None
+    retryable = error.get("retryable")
+    if not isinstance(retryable, bool):
+        retryable = status is None or _is_retryable_status(status)
+    message = str(error.get("message") or "the engine reported an error mid-stream")
+    raise UpstreamError(message, retryable=retryable, status=status, body=data)
+
+
+def _is_retryable_status(status: int) -> bool:
+    return status >= 500 or status in (408, 429)
+
+
+def status_error(status: int, body: bytes, *, what: str) -> UpstreamError:
+    """The UpstreamError for an engine's non-2xx answer; `body` is kept for the client."""
+    return UpstreamError(
+        f"{what}: HTTP {status}: {_error_message(body)}",
+        retryable=_is_retryable_status(status),
+        status=status,
+        body=body,
+    )
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body[:200].decode("utf-8", "replace").strip() or "(empty body)"
+    if isinstance(parsed, dict):
+        error = parsed.get("error", parsed)
+        if isinstance(error, dict):
+            for key in ("message", "detail"):
+                if error.get(key):
+                    return str(error[key])
+        elif isinstance(error, str):
+            return error
+    return body[:200].decode("utf-8", "replace")
+
+
+async def raise_for_status(resp: aiohttp.ClientResponse, *, what: str) -> None:
+    if resp.status >= 300:
+        body = await resp.content.read(_MAX_ERROR_BODY)
+        raise status_error(resp.status, body, what=what)
+
+
+@contextlib.contextmanager
+def map_exceptions(what: str) -> Iterator[None]:
+    """Turn aiohttp, OS and JSON errors raised inside into UpstreamError; UpstreamError passes unchanged.
+
+    Cancellation (a BaseException) is never caught.
+    """
+    try:
+        yield
+    except UpstreamError:
+        raise
+    except aiohttp.ClientConnectorError as exc:
+        raise UpstreamError(f"{what}: cannot connect: {exc}", retryable=True) from exc
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
+        raise UpstreamError(f"{what}: connection lost mid-response: {exc}", retryable=True) from exc
+    except aiohttp.ClientResponseError as exc:
+        raise UpstreamError(
+            f"{what}: HTTP {exc.status}: {exc.message}",
+            retryable=_is_retryable_status(exc.status),
+            status=exc.status or None,
+        ) from exc
+    except TimeoutError as exc:  # aiohttp's own timeouts subclass it too
+        raise UpstreamError(f"{what}: timed out", retryable=True) from exc
+    except (aiohttp.ClientError, OSError) as exc:
+        raise UpstreamError(f"{what}: {type(exc).__name__}: {exc}", retryable=True) from exc
+    except (orjson.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UpstreamError(f"{what}: unreadable answer: {exc}", retryable=True) from exc
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Small control-call helpers (each raises UpstreamError)
+
+
+async def get_json(
+    session: aiohttp.ClientSession, url: str, *, limits: aiohttp.ClientTimeout, what: str
+) -> Any:
+    with map_exceptions(what):
+        async with session.get(url, timeout=limits) as resp:
+            await raise_for_status(resp, what=what)
+            return orjson.loads(await resp.read())
+
+
+async def get_text(
+    session: aiohttp.ClientSession, url: str, *, limits: aiohttp.ClientTimeout, what: str
+) -> str:
+    with map_exceptions(what):
+        async with session.get(url, timeout=limits) as resp:
+            await raise_for_status(resp, what=what)
+            return (await resp.read()).decode("utf-8", "replace")
+
+
+async def post_json(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: Any,
+    *,
+    limits: aiohttp.ClientTimeout,
+    what: str,
+    params: Mapping[str, str] | None = None,
+) -> Any:
+    """POST `body` as JSON (no body when it is None); return the parsed answer (None for an empty one)."""
+    data = orjson.dumps(body) if body is not None else None
+    with map_exceptions(what):
+        async with session.post(url, data=data, headers=JSON_HEADERS, params=params, timeout=limits) as resp:
+            await raise_for_status(resp, what=what)
+            raw = await resp.read()
+            return orjson.loads(raw) if raw.strip() else None
+
+
+async def is_ok(session: aiohttp.ClientSession, url: str, *, limits: aiohttp.ClientTimeout) -> bool:
+    """True if GET `url` answers 2xx; False for any other answer or failure (never raises, except cancel)."""
+    try:
+        async with session.get(url, timeout=limits) as resp:
+            return 200 <= resp.status < 300
+    except (aiohttp.ClientError, OSError):  # TimeoutError is an OSError
+        return False
+
+
+_SAMPLE = re.compile(rb"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)", re.MULTILINE)
+
+
+def parse_prometheus(text: str | bytes, names: frozenset[str]) -> dict[str, float]:
+    """Sum the samples of each metric in `names` over all label sets (Prometheus text format).
+
+    Metrics absent from the text are absent from the result; unparseable values are skipped.
+    """
+    raw = text.encode() if isinstance(text, str) else text
+    totals: dict[str, float] = {}
+    for match in _SAMPLE.finditer(raw):
+        name = match.group(1).decode()
+        if name not in names:
+            continue
+        try:
+            value = float(match.group(2))
+        except ValueError:
+            continue
+        totals[name] = totals.get(name, 0.0) + value
+    return totals
+
+
+def positive_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+async def fetch_models(
+    session: aiohttp.ClientSession, url: str, *, limits: aiohttp.ClientTimeout
+) -> tuple[tuple[str, ...], int | None]:
+    """Model ids and the largest `max_model_len` from `/v1/models`. Raises UpstreamError."""
+    answer = await get_json(session, url + "/v1/models", limits=limits, what="v1/models")
+    data = answer.get("data") if isinstance(answer, dict) else None
+    if not isinstance(data, list):
+        raise UpstreamError("/v1/models answered without a model list", retryable=True)
+    cards = [card for card in data if isinstance(card, dict) and isinstance(card.get("id"), str)]
+    lengths = [length for card in cards if (length := positive_int(card.get("max_model_len"))) is not None]
+    return tuple(card["id"] for card in cards), max(lengths) if lengths else None

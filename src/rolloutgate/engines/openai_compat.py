@@ -1,0 +1,103 @@
+"""Generic OpenAI-compatible adapter: any server speaking `/v1/chat/completions` and `/v1/completions`.
+
+Theory of operation: calls stream with `stream_options.include_usage` like the other families. There is no
+abort API (closing the upstream connection is the abort, which the server does by closing the iterator), no
+pause API (`pause`/`resume` fail clearly; the gateway can still pause by not dispatching), no capacity fact
+(the server falls back to its configured capacity) and no load endpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from rolloutgate.engines.base import (
+    AssemblyHint,
+    EngineFamily,
+    EngineInfo,
+    EngineLoad,
+    Route,
+    UpstreamCall,
+    UpstreamError,
+    UpstreamEvent,
+)
+from rolloutgate.engines.http import ControlTimeouts, fetch_models, is_ok, post_json
+from rolloutgate.engines.openai_stream import (
+    client_wants_usage,
+    generate_unsupported,
+    run_openai_call,
+    streaming_body,
+)
+
+__all__ = ("OpenAICompatClient",)
+
+
+class OpenAICompatClient:
+    """One generic OpenAI-compatible server. Holds no request state."""
+
+    family = EngineFamily.OPENAI
+
+    def __init__(
+        self, url: str, session: aiohttp.ClientSession, *, timeouts: ControlTimeouts | None = None
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._session = session
+        self._timeouts = timeouts or ControlTimeouts()
+        self._hint = AssemblyHint(family=EngineFamily.OPENAI)
+
+    def __repr__(self) -> str:
+        return f"<OpenAICompatClient {self.url}>"
+
+    def generate(self, call: UpstreamCall) -> AsyncIterator[UpstreamEvent]:
+        if call.route is Route.GENERATE:
+            return generate_unsupported("this OpenAI-compatible engine")
+        return run_openai_call(
+            self._session,
+            self.url + call.route.value,
+            streaming_body(call.body),
+            headers=call.headers,
+            timeouts=self._timeouts,
+            hint=self._hint,
+            wants_usage=client_wants_usage(call.body),
+        )
+
+    async def abort(self, request_id: str) -> None:
+        """Nothing to send: the server aborts by closing the upstream connection."""
+
+    async def probe(self) -> EngineInfo:
+        limits = self._timeouts.control(self._timeouts.probe_s)
+        models, max_model_len = await fetch_models(self._session, self.url, limits=limits)
+        return EngineInfo(family=EngineFamily.OPENAI, models=models, max_model_len=max_model_len)
+
+    async def health(self) -> bool:
+        limits = self._timeouts.control(self._timeouts.health_s)
+        if await is_ok(self._session, self.url + "/health", limits=limits):
+            return True
+        return await is_ok(self._session, self.url + "/v1/models", limits=limits)
+
+    async def load(self) -> EngineLoad:
+        raise UpstreamError("a generic OpenAI-compatible engine reports no load", retryable=False)
+
+    async def pause(self, mode: str) -> None:
+        raise UpstreamError(
+            "a generic OpenAI-compatible engine has no pause API; the gateway pauses by not dispatching",
+            retryable=False,
+            status=501,
+        )
+
+    async def resume(self) -> None:
+        raise UpstreamError(
+            "a generic OpenAI-compatible engine has no pause API", retryable=False, status=501
+        )
+
+    async def update_weights(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        answer = await post_json(
+            self._session,
+            self.url + "/" + path.lstrip("/"),
+            body,
+            limits=self._timeouts.control(self._timeouts.weights_s),
+            what=path,
+        )
+        return answer if isinstance(answer, dict) else {"answer": answer}

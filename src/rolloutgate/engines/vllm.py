@@ -1,0 +1,203 @@
+"""vLLM adapter: the OpenAI routes with `X-Request-Id`, abort by id or by closing, pause/resume (dev mode).
+
+Theory of operation (facts from reference/engines.md, section C):
+
+- Chat and completions stream with `stream_options.include_usage`; the header `X-Request-Id` carries the
+  gateway's id (vLLM names the request `chatcmpl-<id>` / `cmpl-<id>`). vLLM sends headers at once and its
+  first data chunk at the first token. Per-chunk usage (`continuous_usage_stats`) is not requested: it would
+  change every chunk the client sees; the final usage frame corrects the per-chunk count
+  (engines/progress.py).
+- vLLM has no `/generate`: such a call fails with a non-retryable 400 before anything is sent.
+- Abort: closing the upstream connection aborts the request in vLLM (the server cancels the generation
+  task, which closes the stream). `abort()` also posts `/abort_requests` (only served with
+  `VLLM_SERVER_DEV_MODE=1`, a 404 otherwise), naming the id in each form vLLM may hold it under.
+- `pause` maps `abort`, `drain`/`wait`, `in_place`/`keep` (and `retract`, which vLLM lacks, to `keep`) to
+  `POST /pause?mode=` (dev mode). In `abort`/`wait` vLLM answers new requests with 503 until `/resume`.
+- Capacity: `max_num_seqs` from `/server_info?config_format=json` (dev mode), else None (the server falls
+  back to its configured capacity). Load: `vllm:num_requests_running/waiting` from `/metrics`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from rolloutgate.engines.base import (
+    AssemblyHint,
+    EngineFamily,
+    EngineInfo,
+    EngineLoad,
+    Route,
+    UpstreamCall,
+    UpstreamError,
+    UpstreamEvent,
+)
+from rolloutgate.engines.http import (
+    ControlTimeouts,
+    fetch_models,
+    get_json,
+    get_text,
+    is_ok,
+    parse_prometheus,
+    positive_int,
+    post_json,
+)
+from rolloutgate.engines.openai_stream import (
+    client_wants_usage,
+    generate_unsupported,
+    run_openai_call,
+    streaming_body,
+)
+
+__all__ = ("VllmClient", "vllm_capacity")
+
+log = logging.getLogger(__name__)
+
+_PAUSE_MODES = {
+    "abort": "abort",
+    "drain": "wait",
+    "wait": "wait",
+    "in_place": "keep",
+    "keep": "keep",
+    "retract": "keep",
+}
+_METRICS = frozenset(
+    {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:generation_tokens_total"}
+)
+_MAX_NUM_SEQS = re.compile(r"max_num_seqs['\"]?\s*[=:]\s*(\d+)")
+
+
+class VllmClient:
+    """One vLLM engine. Holds no request state."""
+
+    family = EngineFamily.VLLM
+
+    def __init__(
+        self, url: str, session: aiohttp.ClientSession, *, timeouts: ControlTimeouts | None = None
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._session = session
+        self._timeouts = timeouts or ControlTimeouts()
+        self._hint = AssemblyHint(family=EngineFamily.VLLM)
+
+    def __repr__(self) -> str:
+        return f"<VllmClient {self.url}>"
+
+    def generate(self, call: UpstreamCall) -> AsyncIterator[UpstreamEvent]:
+        if call.route is Route.GENERATE:
+            return generate_unsupported("vLLM")
+        return run_openai_call(
+            self._session,
+            self.url + call.route.value,
+            streaming_body(call.body),
+            headers={**call.headers, "X-Request-Id": call.request_id},
+            timeouts=self._timeouts,
+            hint=self._hint,
+            wants_usage=client_wants_usage(call.body),
+        )
+
+    async def abort(self, request_id: str) -> None:
+        ids = [request_id, f"chatcmpl-{request_id}", f"cmpl-{request_id}"]
+        try:
+            await post_json(
+                self._session,
+                self.url + "/abort_requests",
+                {"request_ids": ids},
+                limits=self._timeouts.control(self._timeouts.abort_s),
+                what="abort_requests",
+            )
+        except UpstreamError as error:
+            # without dev mode there is no such route; the closed connection has aborted the request
+            log.debug("abort of %s on %s: %s", request_id, self.url, error.message)
+
+    async def probe(self) -> EngineInfo:
+        limits = self._timeouts.control(self._timeouts.probe_s)
+        models, max_model_len = await fetch_models(self._session, self.url, limits=limits)
+        try:
+            info = await get_json(
+                self._session,
+                self.url + "/server_info?config_format=json",
+                limits=limits,
+                what="server_info",
+            )
+        except UpstreamError as error:
+            if error.status is None:
+                raise
+            info = None  # not in dev mode: capacity unknown
+        return EngineInfo(
+            family=EngineFamily.VLLM,
+            capacity=vllm_capacity(info),
+            models=models,
+            max_model_len=max_model_len,
+        )
+
+    async def health(self) -> bool:
+        return await is_ok(
+            self._session, self.url + "/health", limits=self._timeouts.control(self._timeouts.health_s)
+        )
+
+    async def load(self) -> EngineLoad:
+        limits = self._timeouts.control(self._timeouts.load_s)
+        text = await get_text(self._session, self.url + "/metrics", limits=limits, what="metrics")
+        values = parse_prometheus(text, _METRICS)
+        if "vllm:num_requests_running" not in values:
+            raise UpstreamError("the engine's /metrics has no vllm:num_requests_running", retryable=True)
+        return EngineLoad(
+            running=int(values["vllm:num_requests_running"]),
+            waiting=int(values.get("vllm:num_requests_waiting", 0.0)),
+            generated_tokens_total=values.get("vllm:generation_tokens_total"),
+        )
+
+    async def pause(self, mode: str) -> None:
+        if mode not in _PAUSE_MODES:
+            raise ValueError(f"unknown pause mode {mode!r}; expected abort, drain, retract or in_place")
+        await post_json(
+            self._session,
+            self.url + "/pause",
+            None,
+            params={"mode": _PAUSE_MODES[mode]},
+            limits=self._timeouts.control(self._timeouts.pause_s),
+            what="pause",
+        )
+
+    async def resume(self) -> None:
+        await post_json(
+            self._session,
+            self.url + "/resume",
+            None,
+            limits=self._timeouts.control(self._timeouts.pause_s),
+            what="resume",
+        )
+
+    async def update_weights(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        answer = await post_json(
+            self._session,
+            self.url + "/" + path.lstrip("/"),
+            body,
+            limits=self._timeouts.control(self._timeouts.weights_s),
+            what=path,
+        )
+        return answer if isinstance(answer, dict) else {"answer": answer}
+
+
+def vllm_capacity(info: Any) -> int | None:
+    """`max_num_seqs` from a `/server_info` answer (JSON config, vLLM's text rendering, or a flat answer
+    with a top-level `max_num_seqs`, as the simulator renders it), else None."""
+    if not isinstance(info, dict):
+        return None
+    if "max_num_seqs" in info:
+        return positive_int(info["max_num_seqs"])
+    config = info.get("vllm_config")
+    if isinstance(config, dict):
+        scheduler = config.get("scheduler_config")
+        if isinstance(scheduler, dict):
+            return positive_int(scheduler.get("max_num_seqs"))
+        return None
+    if isinstance(config, str):
+        match = _MAX_NUM_SEQS.search(config)
+        return int(match.group(1)) if match else None
+    return None

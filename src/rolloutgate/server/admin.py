@@ -1,0 +1,231 @@
+"""The admin API: the weight-update gate (`/admin/pause`, `/admin/resume`, `/admin/state`) and
+`/admin/update_weights`, which orchestrates a whole update through the gateway.
+
+Theory of operation: the core owns the gate's semantics (nothing dispatched, nobody charged while closed; in
+abort mode in-flight work is aborted and re-queued). This module only sequences the engine calls around the
+core's events:
+
+    update (all at once):  GateClosed(mode) -> [drain: wait for in-flight to finish] -> pause engines ->
+                           forward the update to every engine -> continue engines -> GateOpened
+    update (staggered):    for each engine in turn: EnginePaused(e) -> [drain: wait for e's in-flight] ->
+                           pause e -> update e -> continue e -> EngineResumed(e); the others keep serving
+
+Engine pause modes per family: SGLang `pause_generation` (abort, retract, in_place), vLLM `/pause`
+(abort, wait, keep); a drain needs no engine call (the gateway simply stops dispatching).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from rolloutgate.core.events import EnginePaused, EngineResumed, GateClosed, GateOpened, PauseMode
+from rolloutgate.engines.base import UpstreamError
+from rolloutgate.errors import BadRequest
+from rolloutgate.server.auth import check_admin
+from rolloutgate.server.context import CONTEXT, GatewayContext
+from rolloutgate.server.pool import EngineHandle
+from rolloutgate.server.validate import parse_body
+
+__all__ = ("add_routes",)
+
+_UPDATE_PATHS = frozenset(
+    {
+        "/update_weights_from_disk",
+        "/update_weights_from_distributed",
+        "/update_weights_from_tensor",
+        "/update_weights_from_ipc",
+        "/update_weight_version",
+        "/update_weights",  # vLLM (dev mode)
+    }
+)
+
+
+def _json(value: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(value), status=status, content_type="application/json")
+
+
+def _mode(body: dict[str, Any], default: str = "drain") -> PauseMode:
+    raw = body.get("mode", default)
+    try:
+        return PauseMode(raw)
+    except ValueError:
+        raise BadRequest(
+            f"'mode' must be one of {[m.value for m in PauseMode]}", param="mode", code="invalid_mode"
+        ) from None
+
+
+async def _body(request: web.Request, ctx: GatewayContext) -> dict[str, Any]:
+    raw = await request.read()
+    return parse_body(raw, ctx.settings) if raw.strip() else {}
+
+
+def _gate_state(ctx: GatewayContext) -> dict[str, Any]:
+    return ctx.extras.setdefault("gate", {"open": True, "mode": None, "closed_at": None, "last_update": None})
+
+
+async def _pause_engines(engines: list[EngineHandle], mode: PauseMode) -> dict[str, str | None]:
+    """Pause the engines themselves where the mode needs it; returns per engine the error, if any."""
+    if mode is PauseMode.DRAIN:
+        return {e.engine_id: None for e in engines}
+    results = await asyncio.gather(*(e.client.pause(mode.value) for e in engines), return_exceptions=True)
+    return {
+        e.engine_id: (str(r) if isinstance(r, BaseException) else None)
+        for e, r in zip(engines, results, strict=True)
+    }
+
+
+async def _resume_engines(engines: list[EngineHandle], mode: PauseMode) -> None:
+    if mode is PauseMode.DRAIN:
+        return
+    await asyncio.gather(*(e.client.resume() for e in engines), return_exceptions=True)
+
+
+async def _wait_drained(ctx: GatewayContext, engine_ids: set[str], deadline_s: float) -> bool:
+    """Wait (real seconds) until none of these engines has requests in flight."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    while loop.time() < end:
+        in_flight = ctx.driver.core.stats().in_flight
+        if not any(in_flight.get(e, 0) for e in engine_ids):
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+async def pause(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    check_admin(request, ctx.settings)
+    mode = _mode(await _body(request, ctx))
+    gate = _gate_state(ctx)
+    ctx.driver.handle(GateClosed(mode=mode))
+    errors = await _pause_engines(list(ctx.pool.engines.values()), mode)
+    gate.update(open=False, mode=mode.value, closed_at=time.time())
+    return _json({"status": "paused", "mode": mode.value, "engines": errors})
+
+
+async def resume(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    check_admin(request, ctx.settings)
+    gate = _gate_state(ctx)
+    mode = PauseMode(gate["mode"]) if gate["mode"] else PauseMode.DRAIN
+    await _resume_engines(list(ctx.pool.engines.values()), mode)
+    ctx.driver.handle(GateOpened())
+    gate.update(open=True, mode=None, closed_at=None)
+    return _json({"status": "resumed"})
+
+
+async def state(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    check_admin(request, ctx.settings)
+    stats = ctx.driver.core.stats()
+    gate = _gate_state(ctx)
+    return _json(
+        {
+            "gate": gate,
+            "queue_depth": stats.queue_depth,
+            "in_flight": dict(stats.in_flight),
+            "engines": [e.describe() for e in ctx.pool.engines.values()],
+        }
+    )
+
+
+async def _update_one(engine: EngineHandle, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    started = time.perf_counter()
+    try:
+        answer = await engine.client.update_weights(path, body)
+        ok = bool(answer.get("success", True)) if isinstance(answer, dict) else True
+        error = None if ok else str(answer.get("message"))
+    except UpstreamError as exc:
+        answer, ok, error = None, False, exc.message
+    try:
+        info = await engine.client.probe()
+        engine.info = info
+    except UpstreamError:
+        pass
+    return {
+        "engine": engine.engine_id,
+        "url": engine.url,
+        "ok": ok,
+        "error": error,
+        "seconds": round(time.perf_counter() - started, 4),
+        "weight_version": engine.info.weight_version,
+        "response": answer,
+    }
+
+
+async def update_weights(request: web.Request) -> web.Response:
+    """Body: {"path": "/update_weights_from_disk", "body": {...}, "mode": "in_place", "staggered": false,
+    "drain_timeout": seconds}. Answers with per-engine results and timings."""
+    ctx = request.app[CONTEXT]
+    check_admin(request, ctx.settings)
+    body = await _body(request, ctx)
+    path = body.get("path", "/update_weights_from_disk")
+    if path not in _UPDATE_PATHS:
+        raise BadRequest(f"'path' must be one of {sorted(_UPDATE_PATHS)}", param="path", code="invalid_path")
+    payload = body.get("body", {})
+    if not isinstance(payload, dict):
+        raise BadRequest("'body' must be an object", param="body", code="invalid_type")
+    mode = _mode(body, default="in_place")
+    drain_timeout = float(body.get("drain_timeout", 600.0))
+    engines = list(ctx.pool.engines.values())
+    started = time.perf_counter()
+    gate = _gate_state(ctx)
+    if body.get("staggered"):
+        results = []
+        for engine in engines:
+            results.append(await _update_staggered(ctx, engine, path, payload, mode, drain_timeout))
+    else:
+        ctx.driver.handle(GateClosed(mode=mode))
+        gate.update(open=False, mode=mode.value, closed_at=time.time())
+        try:
+            if mode is PauseMode.DRAIN:
+                await _wait_drained(
+                    ctx, {e.engine_id for e in engines}, ctx.driver.clock.real_seconds(drain_timeout)
+                )
+            await _pause_engines(engines, mode)
+            results = list(await asyncio.gather(*(_update_one(e, path, payload) for e in engines)))
+            await _resume_engines(engines, mode)
+        finally:
+            ctx.driver.handle(GateOpened())
+            gate.update(open=True, mode=None, closed_at=None)
+    report = {
+        "ok": all(r["ok"] for r in results),
+        "mode": mode.value,
+        "staggered": bool(body.get("staggered")),
+        "seconds": round(time.perf_counter() - started, 4),
+        "engines": results,
+    }
+    gate["last_update"] = report
+    return _json(report, status=200 if report["ok"] else 502)
+
+
+async def _update_staggered(
+    ctx: GatewayContext,
+    engine: EngineHandle,
+    path: str,
+    payload: dict[str, Any],
+    mode: PauseMode,
+    drain_timeout: float,
+) -> dict[str, Any]:
+    ctx.driver.handle(EnginePaused(engine_id=engine.engine_id))
+    try:
+        if mode is PauseMode.DRAIN:
+            await _wait_drained(ctx, {engine.engine_id}, ctx.driver.clock.real_seconds(drain_timeout))
+        await _pause_engines([engine], mode)
+        result = await _update_one(engine, path, payload)
+        await _resume_engines([engine], mode)
+        return result
+    finally:
+        ctx.driver.handle(EngineResumed(engine_id=engine.engine_id))
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/admin/pause", pause)
+    app.router.add_post("/admin/resume", resume)
+    app.router.add_get("/admin/state", state)
+    app.router.add_post("/admin/update_weights", update_weights)

@@ -1,0 +1,82 @@
+"""`rolloutgate serve`: flags, each also settable as `ROLLOUTGATE_<NAME>` or in the `--config` file."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from rolloutgate.config import load_settings
+
+__all__ = ("add_arguments", "run")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--config", help="TOML or JSON file with any of the settings below (flags win, then environment)")
+    add("--host", help="address to bind (default 127.0.0.1)")
+    add("--port", type=int, help="port to bind (default 8000; 0 picks a free one)")
+    add(
+        "--engine",
+        dest="engines",
+        action="append",
+        metavar="URL",
+        help="engine URL, repeatable; prefix the family to skip detection: vllm+http://host:port",
+    )
+    add("--sim", type=int, metavar="N", help="serve in front of N simulated engines started in this process")
+    add("--sim-api", choices=["sglang", "vllm"])
+    add("--sim-profile")
+    add("--time-scale", type=float, help="gateway seconds per real second (match the simulator's)")
+    add("--clock", choices=["engine", "wallclock"], help="what timeouts measure (default engine)")
+    add("--timeout", type=float, help="charged engine seconds per request (default 600)")
+    add("--stall-timeout", type=float, help="seconds without progress before a stall verdict (default 60)")
+    add("--queue-timeout", type=float, help="seconds a request may wait in the gateway queue (default none)")
+    add("--max-wall", type=float, help="absolute cap on a request's wall time (default none)")
+    add("--capacity", type=int, help="in-flight requests per engine (default: read from the engine)")
+    add("--keepalive-interval", type=float, help="seconds of client silence before a keep-alive (0 = off)")
+    add("--retry-grace", type=float, help="seconds a disconnected client's generation waits for a retry")
+    add("--admin-token", help="token required by admin and worker endpoints")
+    add("--allow-remote-admin", action="store_const", const=True, help="admin from non-loopback clients")
+    add("--api-key", dest="api_keys", action="append", help="accepted inference API key, repeatable")
+    add(
+        "--progress-every-tokens", type=int, help="stream interval asked of engines for non-streaming clients"
+    )
+    add("--tokenizer", help="local Hugging Face tokenizer folder for token-in-token-out sessions")
+    add("--state-dir", help="folder for durable session records")
+    add("--log-level", choices=["debug", "info", "warning", "error"])
+
+
+def run(args: argparse.Namespace) -> int:
+    flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+    settings = load_settings(flags, args.config)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        runner.run(_serve(settings))
+    return 0
+
+
+def event_loop_factory():  # type: ignore[no-untyped-def]
+    """uvloop where available (the HTTP paths are measured on it), else the default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+async def _serve(settings: object) -> None:
+    from rolloutgate.server.app import GatewayServer
+
+    server = GatewayServer(settings)  # type: ignore[arg-type]
+    url = await server.start()
+    logging.getLogger("rolloutgate").info("rolloutgate serving on %s", url)
+    print(f"rolloutgate serving on {url}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop()

@@ -1,0 +1,33 @@
+"""The gateway's shared state at the edge, stored once on the aiohttp app (typed with `web.AppKey`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from rolloutgate.config import GatewaySettings
+from rolloutgate.server.driver import Driver
+from rolloutgate.server.metrics import Metrics
+from rolloutgate.server.pool import EnginePool
+
+__all__ = ("CONTEXT", "GatewayContext")
+
+
+@dataclass(eq=False)
+class GatewayContext:
+    settings: GatewaySettings
+    metrics: Metrics
+    driver: Driver
+    pool: EnginePool
+    session: aiohttp.ClientSession = field(init=False)  # created when the app starts (needs a loop)
+    extras: dict[str, Any] = field(default_factory=dict)  # parts mounted later (sessions, sim cluster)
+
+    @property
+    def engine_clock(self) -> bool:
+        return self.settings.clock == "engine"
+
+
+CONTEXT: web.AppKey[GatewayContext] = web.AppKey("rolloutgate", GatewayContext)

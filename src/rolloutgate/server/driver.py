@@ -1,0 +1,316 @@
+"""The driver: the one place where the sans-IO core meets time and I/O.
+
+Theory of operation: every fact the edges learn (a request arrived, an upstream event, a failure, a health
+check, a disconnect) goes through `Driver.handle(event)`, which asks the core for its verdict with the
+current time and executes the commands it returns, in order. A single timer, re-armed to the core's
+`next_deadline()`, lets the core fire its own deadlines (timeouts, stalls, grace periods). The driver holds the
+only clock of the gateway: gateway seconds, which run `time_scale` times faster than real ones in front of a
+time-scaled simulator.
+
+Commands:
+- Dispatch: start (or restart) the exchange's upstream task on the chosen engine.
+- Abort: close the upstream connection and call the engine's abort API with the attempt's upstream id.
+- Complete / Fail: put the terminal item into the exchange's outbox (the handler writes it).
+- MarkEngine: log and remember the engine's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rolloutgate.core.commands import (
+    Abort,
+    AbortReason,
+    Command,
+    Complete,
+    Dispatch,
+    Fail,
+    FailReason,
+    MarkEngine,
+)
+from rolloutgate.core.events import (
+    ClientAttached,
+    ClientDisconnected,
+    Event,
+    ProgressReported,
+    RequestArrived,
+    UpstreamFailed,
+    UpstreamFinished,
+)
+from rolloutgate.core.gateway import Gateway
+from rolloutgate.engines.assemble import ResponseAssembler
+from rolloutgate.engines.base import UpstreamCall, UpstreamError
+from rolloutgate.errors import GatewayError, UpstreamFailure, from_fail_reason
+from rolloutgate.server.exchange import Exchange, Finished
+from rolloutgate.server.metrics import Metrics
+from rolloutgate.server.pool import EnginePool
+
+__all__ = ("Driver", "GatewayClock", "upstream_id")
+
+log = logging.getLogger("rolloutgate.driver")
+
+
+def upstream_id(request_id: str, attempt: int) -> str:
+    """The id an attempt carries upstream (SGLang rid / vLLM X-Request-Id).
+
+    Gateway ids have a fixed length, so with a fixed-width suffix no upstream id is a prefix of another
+    (SGLang's abort matches by prefix).
+    """
+    return f"{request_id}-{attempt:02d}"
+
+
+class GatewayClock:
+    """Gateway seconds: monotonic real time times `scale` (1 in production)."""
+
+    __slots__ = ("_offset", "_scale")
+
+    def __init__(self, scale: float = 1.0) -> None:
+        self._scale = scale
+        self._offset = time.monotonic()
+
+    @property
+    def scale(self) -> float:
+        return self._scale
+
+    def now(self) -> float:
+        return (time.monotonic() - self._offset) * self._scale + 1e4
+
+    def real_seconds(self, gateway_s: float) -> float:
+        return gateway_s / self._scale
+
+
+class Driver:
+    def __init__(
+        self,
+        core: Gateway,
+        clock: GatewayClock,
+        metrics: Metrics,
+        progress_every_tokens: int = 1,
+        abort_upstream: bool = True,
+    ) -> None:
+        self.core = core
+        self.clock = clock
+        self.metrics = metrics
+        self.pool: EnginePool | None = None
+        self.exchanges: dict[str, Exchange] = {}
+        self.progress_every_tokens = progress_every_tokens
+        self.abort_upstream = abort_upstream
+        self.on_end: list[Callable[[Exchange, Finished | GatewayError], None]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # --- intake -----------------------------------------------------------------------------------------
+
+    def submit(self, exchange: Exchange, arrived: RequestArrived) -> None:
+        self.exchanges[exchange.request_id] = exchange
+        self.handle(arrived)
+
+    def handle(self, event: Event) -> None:
+        commands = self.core.handle(event, self.clock.now())
+        if commands:
+            self._execute(commands)
+        self._arm_timer()
+
+    def client_disconnected(self, exchange: Exchange) -> None:
+        if not exchange.ended:
+            self.handle(ClientDisconnected(request_id=exchange.request_id))
+
+    def client_attached(self, exchange: Exchange) -> None:
+        self.handle(ClientAttached(request_id=exchange.request_id))
+
+    # --- the timer --------------------------------------------------------------------------------------
+
+    def _arm_timer(self) -> None:
+        deadline = self.core.next_deadline()
+        if deadline >= self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = deadline
+        if math.isinf(deadline):
+            self._timer = None
+            return
+        delay = max(0.0, self.clock.real_seconds(deadline - self.clock.now()))
+        self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = math.inf
+        commands = self.core.on_time(self.clock.now())
+        if commands:
+            self._execute(commands)
+        self._arm_timer()
+
+    # --- commands ---------------------------------------------------------------------------------------
+
+    def _execute(self, commands: list[Command]) -> None:
+        for command in commands:
+            if isinstance(command, Dispatch):
+                self._dispatch(command)
+            elif isinstance(command, Complete):
+                self._complete(command)
+            elif isinstance(command, Fail):
+                self._fail(command)
+            elif isinstance(command, Abort):
+                self._abort(command)
+            elif isinstance(command, MarkEngine):
+                self._mark_engine(command)
+
+    def _dispatch(self, command: Dispatch) -> None:
+        exchange = self.exchanges.get(command.request_id)
+        assert self.pool is not None
+        engine = self.pool.engines.get(command.engine_id)
+        if exchange is None or engine is None:
+            # the core raced with a removal; tell it the attempt failed so it re-dispatches or fails
+            asyncio.get_running_loop().call_soon(
+                self.handle,
+                UpstreamFailed(request_id=command.request_id, reason="engine gone", retryable=True),
+            )
+            return
+        exchange.cancel_upstream()
+        exchange.attempt = command.attempt
+        exchange.engine_id = engine.engine_id
+        exchange.engine_url = engine.url
+        exchange.assembler = None if exchange.client_streams else ResponseAssembler(exchange.route)
+        if command.attempt > 1:
+            self.metrics.redispatches.inc()
+        if command.delivered_tokens > 0 and exchange.client_streams:
+            # The client already read part of an earlier attempt; a new generation would not continue it.
+            self.handle(
+                UpstreamFailed(
+                    request_id=exchange.request_id,
+                    reason="cannot continue a partially delivered stream on another engine",
+                    retryable=False,
+                )
+            )
+            return
+        call = UpstreamCall(
+            request_id=upstream_id(exchange.request_id, command.attempt),
+            route=exchange.route,
+            body=exchange.body,
+            headers=exchange.forward_headers,
+            progress_every_tokens=1 if exchange.client_streams else self.progress_every_tokens,
+        )
+        exchange.upstream_task = asyncio.get_running_loop().create_task(
+            self._run_attempt(exchange, engine.client, call, command.attempt)
+        )
+
+    async def _run_attempt(self, exchange: Exchange, client: Any, call: UpstreamCall, attempt: int) -> None:
+        request_id = exchange.request_id
+        streams = exchange.client_streams
+        try:
+            async for event in client.generate(call):
+                if exchange.attempt != attempt or exchange.ended:
+                    return
+                self.handle(ProgressReported(request_id=request_id, tokens=event.tokens))
+                self.metrics.generated_tokens.inc(event.tokens)
+                if streams:
+                    if event.is_gateway_only:
+                        continue  # e.g. the usage frame the gateway asked for and the client did not
+                    exchange.delivered_tokens += event.tokens
+                    exchange.send_event(event.data)
+                else:
+                    assert exchange.assembler is not None
+                    exchange.assembler.add(event)
+            if exchange.attempt == attempt and not exchange.ended:
+                self.handle(UpstreamFinished(request_id=request_id))
+        except UpstreamError as error:
+            if exchange.attempt == attempt and not exchange.ended:
+                if not error.retryable:
+                    exchange.upstream_error = error
+                self.handle(
+                    UpstreamFailed(
+                        request_id=request_id,
+                        reason=error.message,
+                        retryable=error.retryable,
+                        status=error.status,
+                    )
+                )
+
+    def _complete(self, command: Complete) -> None:
+        exchange = self.exchanges.pop(command.request_id, None)
+        if exchange is None:
+            return
+        body = None
+        if exchange.assembler is not None:
+            try:
+                body = exchange.assembler.result()
+            except ValueError as exc:  # an engine stream we cannot assemble is the engine's failure
+                log.warning("cannot assemble the engine's answer", extra={"request_id": command.request_id})
+                self._end(exchange, UpstreamFailure(f"the engine's answer could not be read: {exc}"))
+                return
+        self.metrics.observe_timing(command.timing, outcome="ok")
+        self._end(exchange, Finished(timing=command.timing, body=body, engine_url=exchange.engine_url))
+
+    def _fail(self, command: Fail) -> None:
+        exchange = self.exchanges.pop(command.request_id, None)
+        self.metrics.observe_timing(command.timing, outcome=command.reason.value)
+        self.metrics.failures.labels(reason=command.reason.value).inc()
+        if exchange is None:
+            return
+        exchange.cancel_upstream()
+        upstream = exchange.upstream_error
+        if command.reason is FailReason.UPSTREAM and upstream is not None and upstream.status:
+            error: GatewayError = GatewayError(
+                upstream.message, status=upstream.status, raw_body=upstream.body, code="engine_error"
+            )
+        else:
+            error = from_fail_reason(
+                command.reason,
+                timing=command.timing,
+                retry_after_s=command.retry_after_s,
+                detail=command.detail,
+            )
+        self._end(exchange, error)
+
+    def _end(self, exchange: Exchange, item: Finished | GatewayError) -> None:
+        exchange.finish(item)
+        for callback in self.on_end:
+            callback(exchange, item)
+
+    def _abort(self, command: Abort) -> None:
+        self.metrics.aborts.labels(reason=command.reason.value).inc()
+        if command.reason is AbortReason.CLIENT_GONE:
+            exchange = self.exchanges.pop(command.request_id, None)  # nobody is left to answer
+        else:
+            exchange = self.exchanges.get(command.request_id)
+        if exchange is None:
+            return
+        attempt = exchange.attempt
+        exchange.cancel_upstream()
+        assert self.pool is not None
+        engine = self.pool.engines.get(command.engine_id)
+        if engine is not None and self.abort_upstream and attempt:
+            self._spawn(engine.client.abort(upstream_id(command.request_id, attempt)))
+
+    def _mark_engine(self, command: MarkEngine) -> None:
+        assert self.pool is not None
+        engine = self.pool.engines.get(command.engine_id)
+        if engine is not None:
+            engine.state = command.state
+        log.warning(
+            "engine %s is %s %s",
+            command.engine_id,
+            command.state,
+            command.detail,
+            extra={"engine": command.engine_id, "state": command.state},
+        )
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for exchange in list(self.exchanges.values()):
+            exchange.cancel_upstream()
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)

@@ -1,0 +1,240 @@
+"""The inference front: OpenAI chat and completions, SGLang /generate, models, and a proxy for the rest.
+
+A request's path through the gateway: parse and validate here -> `Exchange` + `RequestArrived` to the driver ->
+the core queues, admits and places it -> the driver runs it upstream -> `respond.write_outcome` answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from rolloutgate.core.events import RequestArrived, RequestLimits
+from rolloutgate.engines.base import Route
+from rolloutgate.errors import Unavailable
+from rolloutgate.server.auth import check_api_key
+from rolloutgate.server.context import CONTEXT, GatewayContext
+from rolloutgate.server.exchange import Exchange
+from rolloutgate.server.respond import keepalive_for, write_outcome
+from rolloutgate.server.validate import estimate_prompt_tokens, parse_body, parse_overrides, validate_body
+
+__all__ = (
+    "ROUTES",
+    "ROUTING_KEY_HEADERS",
+    "add_proxy_route",
+    "add_routes",
+    "limits_for",
+    "proxy_path",
+    "run_exchange",
+    "serve_inference",
+)
+
+ROUTING_KEY_HEADERS = ("X-SMG-Routing-Key", "X-Session-Id")
+ROUTES = {route.value: route for route in Route}
+_HOP_BY_HOP = frozenset(
+    h.lower()
+    for h in (
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "TE",
+        "Trailer",
+        "Transfer-Encoding",
+        "Upgrade",
+        "Host",
+        "Content-Length",
+        "Authorization",
+    )
+)
+
+
+def routing_key_of(request: web.Request) -> str | None:
+    for name in ROUTING_KEY_HEADERS:
+        value = request.headers.get(name)
+        if value:
+            return value
+    return None
+
+
+def limits_for(ctx: GatewayContext, headers: Mapping[str, str]) -> tuple[RequestLimits, int]:
+    settings = ctx.settings
+    overrides = parse_overrides(headers, settings)
+    limits = RequestLimits(
+        timeout_s=overrides.timeout_s or settings.timeout,
+        stall_timeout_s=overrides.stall_timeout_s or settings.stall_timeout,
+        queue_timeout_s=overrides.queue_timeout_s or settings.queue_timeout_s,
+        max_wall_s=overrides.max_wall_s or settings.max_wall_s,
+    )
+    return limits, overrides.priority
+
+
+async def run_exchange(
+    ctx: GatewayContext,
+    request: web.Request,
+    route: Route,
+    body: dict[str, Any],
+    *,
+    routing_key: str | None,
+    pinned_engine: str | None = None,
+) -> web.StreamResponse:
+    """Submit one validated request and answer its client (shared by the front and the session API)."""
+    limits, priority = limits_for(ctx, request.headers)
+    streams = bool(body.get("stream"))
+    stream_options = body.get("stream_options")
+    exchange = Exchange(
+        request_id=uuid.uuid4().hex,
+        route=route,
+        body=body,
+        client_streams=streams,
+        forward_headers={"X-SMG-Routing-Key": routing_key} if routing_key else {},
+        wants_usage=isinstance(stream_options, dict) and bool(stream_options.get("include_usage")),
+    )
+    driver = ctx.driver
+    driver.submit(
+        exchange,
+        RequestArrived(
+            request_id=exchange.request_id,
+            limits=limits,
+            routing_key=routing_key,
+            priority=priority,
+            prompt_tokens=estimate_prompt_tokens(route, body),
+            streaming=streams,
+            pinned_engine=pinned_engine,
+        ),
+    )
+    settings = ctx.settings
+    keepalive = keepalive_for(
+        request.headers,
+        streams=streams,
+        interval_real_s=driver.clock.real_seconds(settings.keepalive_interval),
+        non_streaming_default=settings.keepalive_non_streaming,
+        enabled=ctx.engine_clock,
+    )
+
+    def timing_now() -> str:
+        try:
+            return driver.core.timing(exchange.request_id, driver.clock.now()).header_value()
+        except KeyError:
+            return ""
+
+    try:
+        return await write_outcome(request, exchange, keepalive, ctx.metrics, timing_now)
+    except (asyncio.CancelledError, ConnectionResetError):
+        ctx.metrics.client_disconnects.inc()
+        if ctx.engine_clock:
+            driver.client_disconnected(exchange)
+        raise
+
+
+async def serve_inference(
+    ctx: GatewayContext, request: web.Request, route: Route, routing_key: str | None
+) -> web.StreamResponse:
+    """Parse, validate and run one inference request (the front's routes and the session proxy)."""
+    ctx.metrics.requests.labels(route=route.value).inc()
+    body = parse_body(await request.read(), ctx.settings)
+    validate_body(route, body, ctx.settings)
+    return await run_exchange(ctx, request, route, body, routing_key=routing_key)
+
+
+def _inference(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        ctx = request.app[CONTEXT]
+        check_api_key(request, ctx.settings)
+        return await serve_inference(ctx, request, route, routing_key_of(request))
+
+    return handler
+
+
+async def list_models(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    seen: dict[str, dict[str, Any]] = {}
+    for engine in ctx.pool.engines.values():
+        for model in engine.info.models:
+            seen.setdefault(
+                model,
+                {
+                    "id": model,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "rolloutgate",
+                    "max_model_len": engine.info.max_model_len,
+                },
+            )
+    return web.json_response({"object": "list", "data": list(seen.values())}, dumps=_dumps)
+
+
+async def health(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    engines = ctx.pool.engines.values()
+    healthy = sum(1 for e in engines if e.healthy and e.state == "healthy")
+    return web.json_response(
+        {"status": "ok", "engines": len(ctx.pool.engines), "healthy_engines": healthy}, dumps=_dumps
+    )
+
+
+async def ready(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    healthy = sum(1 for e in ctx.pool.engines.values() if e.healthy and e.state == "healthy")
+    if not healthy:
+        raise Unavailable("no healthy engine yet", retry_after_s=5)
+    return web.json_response({"status": "ready", "healthy_engines": healthy}, dumps=_dumps)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    return web.Response(body=ctx.metrics.render(), content_type="text/plain", charset="utf-8")
+
+
+async def proxy(request: web.Request) -> web.StreamResponse:
+    """Any other path goes to one healthy engine, unchanged (no queueing or timing)."""
+    ctx = request.app[CONTEXT]
+    check_api_key(request, ctx.settings)
+    return await proxy_path(ctx, request, request.rel_url.path_qs)
+
+
+async def proxy_path(ctx: GatewayContext, request: web.Request, path_qs: str) -> web.StreamResponse:
+    """Forward `request` to the least busy healthy engine at `path_qs` and stream its answer back."""
+    candidates = [e for e in ctx.pool.engines.values() if e.healthy and e.state == "healthy"]
+    if not candidates:
+        raise Unavailable("no healthy engine to proxy to", retry_after_s=5)
+    in_flight = ctx.driver.core.stats().in_flight
+    engine = min(candidates, key=lambda e: in_flight.get(e.engine_id, 0))
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+    body = await request.read()
+    async with ctx.session.request(
+        request.method, engine.url + path_qs, headers=headers, data=body or None
+    ) as upstream:
+        response = web.StreamResponse(
+            status=upstream.status,
+            headers={k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP},
+        )
+        await response.prepare(request)
+        async for chunk in upstream.content.iter_any():
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post(Route.CHAT.value, _inference(Route.CHAT))
+    app.router.add_post(Route.COMPLETIONS.value, _inference(Route.COMPLETIONS))
+    app.router.add_post(Route.GENERATE.value, _inference(Route.GENERATE))
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/metrics", metrics)
+
+
+def add_proxy_route(app: web.Application) -> None:
+    """Registered last: it matches every path the other routes do not."""
+    app.router.add_route("*", "/{tail:.*}", proxy)

@@ -1,0 +1,112 @@
+"""Prometheus metrics of the gateway (one registry per app, so tests can run several gateways)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from rolloutgate.core.timing import TimingBreakdown
+
+__all__ = ("Metrics",)
+
+# Seconds, from sub-second queue waits to the incident's 900 s retry chains.
+_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 900, 1800, float("inf"))
+_CLOCKS = ("wall", "queue", "paused", "contention", "charged")
+
+
+class _StateCollector(Collector):
+    """Gauges read from the core and the pool at scrape time (no bookkeeping on the hot path)."""
+
+    def __init__(self, read: Callable[[], dict[str, Any]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        state = self._read()
+        queue = GaugeMetricFamily("rolloutgate_queue_depth", "Requests waiting in the gateway queue")
+        queue.add_metric([], state.get("queue_depth", 0))
+        yield queue
+        in_flight = GaugeMetricFamily(
+            "rolloutgate_in_flight", "Requests dispatched to each engine", labels=["engine"]
+        )
+        for engine, count in state.get("in_flight", {}).items():
+            in_flight.add_metric([engine], count)
+        yield in_flight
+        states = GaugeMetricFamily(
+            "rolloutgate_engine_state", "1 for the engine's current state", labels=["engine", "state"]
+        )
+        for engine, engine_state in state.get("engine_states", {}).items():
+            states.add_metric([engine, engine_state], 1)
+        yield states
+        for name, value in state.get("extra", {}).items():
+            gauge = GaugeMetricFamily(f"rolloutgate_{name}", name.replace("_", " "))
+            gauge.add_metric([], value)
+            yield gauge
+
+
+Sample = tuple[str, str, str, dict[str, str], float]
+
+
+class _SampleCollector(Collector):
+    def __init__(self, read: Callable[[], Iterable[Sample]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterable[Metric]:
+        families: dict[str, Metric] = {}
+        for name, kind, help_text, labels, value in self._read():
+            family = families.get(name)
+            if family is None:
+                cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+                family = families[name] = cls(name, help_text, labels=list(labels))
+            family.add_metric(list(labels.values()), value)
+        return families.values()
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("rolloutgate_requests", "Requests received", ["route"], registry=r)
+        self.clock_seconds = Histogram(
+            "rolloutgate_clock_seconds",
+            "Each clock of finished requests",
+            ["clock"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.failures = Counter("rolloutgate_failures", "Requests failed, by reason", ["reason"], registry=r)
+        self.aborts = Counter("rolloutgate_aborts_sent", "Aborts sent to engines", ["reason"], registry=r)
+        self.redispatches = Counter("rolloutgate_redispatches", "Requests sent to another engine", registry=r)
+        self.generated_tokens = Counter(
+            "rolloutgate_generated_tokens", "Output tokens seen from engines", registry=r
+        )
+        self.bad_requests = Counter(
+            "rolloutgate_bad_requests", "Requests refused as invalid", ["code"], registry=r
+        )
+        self.keepalive_bytes = Counter(
+            "rolloutgate_keepalive_bytes", "Keep-alive bytes written to clients", ["kind"], registry=r
+        )
+        self.client_disconnects = Counter(
+            "rolloutgate_client_disconnects", "Clients that left before their answer", registry=r
+        )
+        self.attachments = Counter(
+            "rolloutgate_attachments", "Retries that attached to an existing generation", ["kind"], registry=r
+        )
+
+    def watch(self, read: Callable[[], dict[str, Any]]) -> None:
+        self.registry.register(_StateCollector(read))
+
+    def watch_samples(self, read: Callable[[], Iterable[Sample]]) -> None:
+        """Export samples a part computes itself (name, "gauge"|"counter", help, labels, value) at scrape."""
+        self.registry.register(_SampleCollector(read))
+
+    def observe_timing(self, timing: TimingBreakdown, outcome: str) -> None:
+        del outcome  # failures are counted by reason separately
+        for clock in _CLOCKS:
+            self.clock_seconds.labels(clock=clock).observe(getattr(timing, f"{clock}_s"))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,173 @@
+"""Writing one exchange's outcome to its client: headers late, keep-alive while waiting, errors it recognises.
+
+Theory of operation: the HTTP status is committed by the first byte written. So the writer waits, and only
+when the client would otherwise hear nothing for a keep-alive interval does it send 200 headers and a
+keep-alive byte: an SSE comment (`: keep-alive`) for a stream, a space before the JSON body otherwise (JSON
+allows leading whitespace; httpx, the OpenAI SDK and LiteLLM all parse it, see reference/clients.md). An answer
+or an error that comes before that gets its proper status and headers, timing included.
+
+Once keep-alive has committed a 200, an error is framed so each client still raises:
+- a stream gets an SSE `data: {"error": ...}` event (the OpenAI SDK raises APIError; LiteLLM raises);
+- a non-streaming body gets the error JSON and then the connection is cut before the chunked body ends, so
+  every client sees a broken response (httpx RemoteProtocolError; the SDK and LiteLLM raise and retry, and the
+  retry attaches to the finished result and gets the error with its real status).
+
+The interval is the server's `keepalive_interval`, shortened to half the client's announced read timeout
+(`x-stainless-read-timeout`, sent by the OpenAI SDK and so by LiteLLM), and can be turned off or on per
+request with `X-Rolloutgate-Keepalive: off|on`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import orjson
+from aiohttp import web
+
+from rolloutgate.errors import GatewayError
+from rolloutgate.server.exchange import Exchange, Finished
+from rolloutgate.server.metrics import Metrics
+
+__all__ = ("KeepAlive", "keepalive_for", "write_outcome")
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+JSON_HEADERS = {"Content-Type": "application/json"}
+SSE_KEEPALIVE = b": keep-alive\n\n"
+JSON_KEEPALIVE = b" "
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(frozen=True, slots=True)
+class KeepAlive:
+    """When to write keep-alive bytes: every `interval_s` real seconds of silence; None = never."""
+
+    interval_s: float | None
+
+
+def keepalive_for(
+    headers: object, *, streams: bool, interval_real_s: float, non_streaming_default: bool, enabled: bool
+) -> KeepAlive:
+    """The keep-alive policy of one request, from the server settings and the client's headers."""
+    get = headers.get  # type: ignore[attr-defined]
+    choice = (get("X-Rolloutgate-Keepalive") or "").lower()
+    if not enabled or interval_real_s <= 0 or choice == "off":
+        return KeepAlive(None)
+    if not streams and not non_streaming_default and choice != "on":
+        return KeepAlive(None)
+    interval = interval_real_s
+    announced = get("x-stainless-read-timeout")
+    if announced:
+        try:
+            read_timeout = float(announced)
+        except ValueError:
+            read_timeout = 0.0
+        if read_timeout > 0:
+            interval = min(interval, read_timeout / 2)
+    return KeepAlive(interval)
+
+
+async def write_outcome(
+    request: web.Request,
+    exchange: Exchange,
+    keepalive: KeepAlive,
+    metrics: Metrics,
+    timing_now: Callable[[], str],
+) -> web.StreamResponse:
+    """Wait for the exchange's items and write them. Raises CancelledError if the client goes away."""
+    streams = exchange.client_streams
+    response: web.StreamResponse | None = None
+    outbox = exchange.outbox
+    wait = keepalive.interval_s
+    while True:
+        try:
+            if wait is None or not outbox.empty():
+                item = await outbox.get()
+            else:
+                async with asyncio.timeout(wait):
+                    item = await outbox.get()
+        except TimeoutError:
+            if response is None:
+                response = await _start(request, streams, timing_now(), exchange)
+            keep = SSE_KEEPALIVE if streams else JSON_KEEPALIVE
+            await response.write(keep)
+            metrics.keepalive_bytes.labels(kind="sse" if streams else "json").inc(len(keep))
+            continue
+
+        if isinstance(item, bytes):
+            if response is None:
+                response = await _start(request, streams, timing_now(), exchange)
+            await response.write(b"data: " + item + b"\n\n")
+        elif isinstance(item, Finished):
+            return await _write_finished(request, exchange, response, item)
+        else:
+            return await _write_error(request, response, item, streams)
+
+
+async def _start(
+    request: web.Request, streams: bool, timing_header: str, exchange: Exchange
+) -> web.StreamResponse:
+    headers = dict(SSE_HEADERS if streams else JSON_HEADERS)
+    headers["X-Rolloutgate-Request-Id"] = exchange.request_id
+    if timing_header:
+        headers["X-Rolloutgate-Timing"] = timing_header  # as of the first byte; the final one is in the body
+    if exchange.engine_url:
+        headers["X-Rolloutgate-Engine"] = exchange.engine_url
+    response = web.StreamResponse(status=200, headers=headers)
+    await response.prepare(request)
+    return response
+
+
+async def _write_finished(
+    request: web.Request, exchange: Exchange, response: web.StreamResponse | None, item: Finished
+) -> web.StreamResponse:
+    timing = item.timing
+    if exchange.client_streams:
+        if response is None:
+            exchange.engine_url = item.engine_url
+            response = await _start(request, True, timing.header_value(), exchange)
+        await response.write(b": rolloutgate-timing " + timing.header_value().encode() + b"\n\n" + SSE_DONE)
+        await response.write_eof()
+        return response
+    body = item.body if item.body is not None else b"{}"
+    if response is None:
+        headers = dict(JSON_HEADERS)
+        headers["X-Rolloutgate-Timing"] = timing.header_value()
+        headers["X-Rolloutgate-Request-Id"] = exchange.request_id
+        if item.engine_url:
+            headers["X-Rolloutgate-Engine"] = item.engine_url
+        return web.Response(body=body, headers=headers)
+    # Headers went out with keep-alive: the final breakdown travels in the body, as one more field.
+    await response.write(with_field(body, b"rolloutgate_timing", orjson.dumps(timing.as_dict())))
+    await response.write_eof()
+    return response
+
+
+def with_field(body: bytes, name: bytes, value: bytes) -> bytes:
+    """`body` (a JSON object) with one more field appended, without re-serializing it."""
+    end = body.rstrip()
+    if not end.endswith(b"}"):
+        return body  # not an object (e.g. a /generate batch list): leave the engine's answer as it is
+    separator = b"," if end[:-1].rstrip() not in (b"{", b"") else b""
+    return end[:-1] + separator + b'"' + name + b'":' + value + b"}"
+
+
+async def _write_error(
+    request: web.Request, response: web.StreamResponse | None, error: GatewayError, streams: bool
+) -> web.StreamResponse:
+    if response is None:
+        return web.Response(status=error.status, body=error.body(), headers=error.headers())
+    if streams:
+        await response.write(b"data: " + error.body() + b"\n\n" + SSE_DONE)
+        await response.write_eof()
+        return response
+    await response.write(error.body())
+    # Cut the connection before the chunked body ends: every client then raises instead of parsing a 200.
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+    with contextlib.suppress(ConnectionError):
+        await response.write(b"")
+    return response

@@ -1,0 +1,119 @@
+"""The session API (sessions/) mounted on the gateway: its upstream calls take the gateway's request path.
+
+`GatewayDispatcher` runs a session's call as a non-streaming exchange with the session id as routing key, so
+session turns get affinity, admission, the engine-time clocks and hung-engine recovery like any request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from aiohttp import web
+
+from rolloutgate.core.events import RequestArrived
+from rolloutgate.errors import GatewayError, NotFound
+from rolloutgate.server.auth import check_api_key
+from rolloutgate.server.context import CONTEXT, GatewayContext
+from rolloutgate.server.exchange import Exchange, Finished
+from rolloutgate.server.front import ROUTES, limits_for, proxy_path, serve_inference
+from rolloutgate.server.respond import keepalive_for
+from rolloutgate.server.validate import estimate_prompt_tokens
+from rolloutgate.sessions.http import add_session_routes
+from rolloutgate.sessions.registry import SessionLimits, SessionRegistry
+from rolloutgate.sessions.render import ChatRenderer
+from rolloutgate.sessions.service import SessionAnswer, SessionCall, SessionService, SessionSettings
+
+__all__ = ("GatewayDispatcher", "mount_sessions")
+
+
+class GatewayDispatcher:
+    def __init__(self, ctx: GatewayContext) -> None:
+        self._ctx = ctx
+
+    async def __call__(self, call: SessionCall) -> SessionAnswer:
+        ctx = self._ctx
+        route = ROUTES.get(call.path)
+        if route is None or call.body is None:
+            raise NotFound(f"sessions cannot run {call.method} {call.path} through the gateway queue")
+        body = {**call.body, "stream": False}
+        limits, priority = limits_for(ctx, call.headers)
+        exchange = Exchange(
+            request_id=uuid.uuid4().hex,
+            route=route,
+            body=body,
+            client_streams=False,
+            forward_headers={"X-SMG-Routing-Key": call.routing_key},
+        )
+        ctx.driver.submit(
+            exchange,
+            RequestArrived(
+                request_id=exchange.request_id,
+                limits=limits,
+                routing_key=call.routing_key,
+                priority=priority,
+                prompt_tokens=estimate_prompt_tokens(route, body),
+            ),
+        )
+        try:
+            item = await exchange.outbox.get()
+        except asyncio.CancelledError:
+            ctx.driver.client_disconnected(exchange)
+            raise
+        if isinstance(item, Finished):
+            return SessionAnswer(
+                status=200, body=item.body or b"{}", engine_id=exchange.engine_id, timing=item.timing
+            )
+        assert isinstance(item, GatewayError)
+        if item.raw_body is not None:  # the engine's own error: the session relays it unchanged
+            return SessionAnswer(status=item.status, body=item.raw_body, engine_id=exchange.engine_id)
+        raise item
+
+
+def mount_sessions(app: web.Application) -> None:
+    ctx = app[CONTEXT]
+    settings = ctx.settings
+    registry = SessionRegistry(
+        SessionLimits(
+            max_sessions=settings.session_max,
+            max_records_per_session=settings.session_max_records,
+            idle_ttl_s=settings.session_idle_ttl,
+            max_bytes=settings.session_max_bytes,
+        )
+    )
+    renderer = ChatRenderer.from_dir(settings.tokenizer) if settings.tokenizer else None
+    models = [e.info.max_model_len for e in ctx.pool.engines.values() if e.info.max_model_len]
+    service = SessionService(
+        registry,
+        GatewayDispatcher(ctx),
+        ctx.driver.clock,
+        renderer=renderer,
+        settings=SessionSettings(max_model_len=min(models) if models else None),
+    )
+    ctx.extras["sessions"] = service
+    ctx.metrics.watch_samples(lambda: registry.stats().metric_samples())
+
+    def keepalive(request: web.Request, streams: bool) -> float | None:
+        return keepalive_for(
+            request.headers,
+            streams=streams,
+            interval_real_s=ctx.driver.clock.real_seconds(settings.keepalive_interval),
+            non_streaming_default=settings.keepalive_non_streaming,
+            enabled=ctx.engine_clock,
+        ).interval_s
+
+    async def proxy(request: web.Request, session_id: str, path: str) -> web.StreamResponse:
+        route = ROUTES.get("/" + path.lstrip("/"))
+        if route is not None:
+            return await serve_inference(ctx, request, route, session_id)
+        query = f"?{request.query_string}" if request.query_string else ""
+        return await proxy_path(ctx, request, "/" + path.lstrip("/") + query)
+
+    add_session_routes(
+        app,
+        service,
+        keepalive=keepalive,
+        proxy=proxy,
+        authorize=lambda request: check_api_key(request, settings),
+        sweep_interval_s=ctx.driver.clock.real_seconds(min(30.0, settings.session_idle_ttl / 2)),
+    )

@@ -1,0 +1,174 @@
+"""Input validation at the front: every bad input becomes a `BadRequest` with a message naming the field.
+
+Only what the gateway itself relies on is checked here (shapes, types, limits); everything else in the body
+is the engine's business and passes through untouched.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from rolloutgate.config import GatewaySettings
+from rolloutgate.engines.base import Route
+from rolloutgate.errors import BadRequest, PayloadTooLarge
+
+__all__ = ("Overrides", "estimate_prompt_tokens", "parse_body", "parse_overrides", "validate_body")
+
+# Per-request overrides of the server's budgets, by header (seconds).
+OVERRIDE_HEADERS = {
+    "timeout_s": "X-Rolloutgate-Timeout",
+    "stall_timeout_s": "X-Rolloutgate-Stall-Timeout",
+    "queue_timeout_s": "X-Rolloutgate-Queue-Timeout",
+    "max_wall_s": "X-Rolloutgate-Max-Wall",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Overrides:
+    timeout_s: float | None = None
+    stall_timeout_s: float | None = None
+    queue_timeout_s: float | None = None
+    max_wall_s: float | None = None
+    priority: int = 0
+
+
+def parse_body(raw: bytes, settings: GatewaySettings) -> dict[str, Any]:
+    if len(raw) > settings.max_body_bytes:
+        raise PayloadTooLarge(f"request body is {len(raw)} bytes; the limit is {settings.max_body_bytes}")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def _expect(body: dict[str, Any], name: str, kinds: type | tuple[type, ...], what: str) -> None:
+    value = body.get(name)
+    if value is None:
+        return
+    allowed = kinds if isinstance(kinds, tuple) else (kinds,)
+    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+        raise BadRequest(f"'{name}' must be {what}", param=name, code="invalid_type")
+
+
+def validate_body(route: Route, body: dict[str, Any], settings: GatewaySettings) -> None:
+    """Raise BadRequest for a body the gateway cannot route or that breaks a server limit."""
+    _expect(body, "stream", bool, "a boolean")
+    _expect(body, "model", str, "a string")
+    _expect(body, "temperature", (int, float), "a number")
+    _expect(body, "top_p", (int, float), "a number")
+    _expect(body, "n", int, "an integer")
+    for name in ("max_tokens", "max_completion_tokens"):
+        _expect(body, name, int, "an integer")
+        value = body.get(name)
+        if value is not None and not 0 <= value <= settings.max_tokens_limit:
+            raise BadRequest(
+                f"'{name}' must be between 0 and {settings.max_tokens_limit}",
+                param=name,
+                code="invalid_value",
+            )
+    if body.get("n") not in (None, 1):
+        raise BadRequest("only n=1 is supported; send n requests instead", param="n", code="invalid_value")
+    if route is Route.CHAT:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("'messages' must be a non-empty array", param="messages", code="invalid_type")
+        if len(messages) > settings.max_messages:
+            raise BadRequest(
+                f"'messages' has {len(messages)} entries; the limit is {settings.max_messages}",
+                param="messages",
+                code="too_many_messages",
+            )
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise BadRequest(
+                    f"messages[{i}] must be an object with a string 'role'",
+                    param="messages",
+                    code="invalid_type",
+                )
+    elif route is Route.COMPLETIONS:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str | list) or (isinstance(prompt, list) and not prompt):
+            raise BadRequest(
+                "'prompt' must be a string or a non-empty array", param="prompt", code="invalid_type"
+            )
+    else:  # /generate
+        has_text = isinstance(body.get("text"), str | list)
+        has_ids = isinstance(body.get("input_ids"), list)
+        if has_text == has_ids:
+            raise BadRequest(
+                "exactly one of 'text' and 'input_ids' is required", param="text", code="invalid_type"
+            )
+        _expect(body, "sampling_params", dict, "an object")
+        _expect(body, "rid", str, "a string")
+        params = body.get("sampling_params") or {}
+        new_tokens = params.get("max_new_tokens")
+        if new_tokens is not None and (
+            not isinstance(new_tokens, int)
+            or isinstance(new_tokens, bool)
+            or not 0 <= new_tokens <= settings.max_tokens_limit
+        ):
+            raise BadRequest(
+                f"'sampling_params.max_new_tokens' must be an integer between 0 and {settings.max_tokens_limit}",
+                param="sampling_params.max_new_tokens",
+                code="invalid_value",
+            )
+
+
+def parse_overrides(headers: Any, settings: GatewaySettings) -> Overrides:
+    """Per-request budgets from headers, each within (0, max_timeout_override]."""
+    values: dict[str, Any] = {}
+    for field, header in OVERRIDE_HEADERS.items():
+        raw = headers.get(header)
+        if raw is None:
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            raise BadRequest(
+                f"header {header} must be a number of seconds", param=header, code="invalid_override"
+            ) from None
+        if not (math.isfinite(value) and 0 < value <= settings.max_timeout_override):
+            raise BadRequest(
+                f"header {header} must be > 0 and <= {settings.max_timeout_override:g} seconds",
+                param=header,
+                code="invalid_override",
+            )
+        values[field] = value
+    raw_priority = headers.get("X-Rolloutgate-Priority")
+    if raw_priority is not None:
+        try:
+            values["priority"] = int(raw_priority)
+        except ValueError:
+            raise BadRequest(
+                "header X-Rolloutgate-Priority must be an integer", code="invalid_override"
+            ) from None
+    return Overrides(**values)
+
+
+def estimate_prompt_tokens(route: Route, body: dict[str, Any]) -> int:
+    """A cheap prompt-length estimate (~4 characters a token) for placement and prefill budgets."""
+    if route is Route.GENERATE and isinstance(body.get("input_ids"), list):
+        ids = body["input_ids"]
+        return len(ids[0]) if ids and isinstance(ids[0], list) else len(ids)
+    if route is Route.CHAT:
+        chars = 0
+        for message in body.get("messages", ()):
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, str):
+                chars += len(content)
+            elif isinstance(content, list):
+                chars += sum(len(part.get("text", "")) for part in content if isinstance(part, dict))
+        return chars // 4 + 1
+    text = body.get("prompt") if route is Route.COMPLETIONS else body.get("text")
+    if isinstance(text, str):
+        return len(text) // 4 + 1
+    if isinstance(text, list) and text and isinstance(text[0], int):
+        return len(text)
+    return 1

@@ -1,0 +1,325 @@
+"""aiohttp routes of the session API (a drop-in for the miles session server), over a `SessionService`.
+
+    POST   /sessions                               -> {"session_id": ...}
+    GET    /sessions/{id}[?prompt_ids=delta]       -> {"session_id", "records": [...], "metadata": {...}}
+    DELETE /sessions/{id}                          -> 204
+    GET    /sessions/{id}/trajectory               -> token ids, loss mask, logprobs (JSON)
+    POST   /sessions/{id}/v1/chat/completions      -> one recorded turn (TITO with a tokenizer)
+    *      /sessions/{id}/<path>                   -> proxied with the session id as routing key
+
+An agent given the base URL `.../sessions/{id}/v1` uses the OpenAI SDK or LiteLLM unchanged.
+
+Theory of operation (chat): the turn runs as a task while the handler waits. If it is not done within the
+keep-alive interval, the handler commits a 200 and writes keep-alive bytes (SSE comments for a streaming
+client, spaces before the JSON body otherwise) so the client's read timeout never fires while the gateway
+queues, pauses or waits out other requests' prefill. An error after that point is framed so every client
+still raises: an SSE `data: {"error": ...}` event, or (non-streaming) the error JSON followed by a cut
+connection (the same framing as the gateway's front; see server/respond.py). A streaming client gets the
+finished turn as `chat.completion.chunk` events at the end. A client that goes away cancels the turn
+(`Dispatcher` contract), and the turn is not recorded.
+
+Mount with `add_session_routes(app, service)` before any catch-all route of the app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from rolloutgate.errors import BadRequest, GatewayError
+from rolloutgate.sessions import tito
+from rolloutgate.sessions.service import ChatOutcome, SessionService
+
+__all__ = (
+    "SESSION_SERVICE",
+    "Authorize",
+    "KeepAliveInterval",
+    "ProxyHandler",
+    "add_session_routes",
+    "default_keepalive",
+)
+
+SESSION_SERVICE: web.AppKey[SessionService] = web.AppKey("rolloutgate_sessions", SessionService)
+
+# (request, client streams) -> seconds between keep-alive bytes, or None for none
+KeepAliveInterval = Callable[[web.Request, bool], "float | None"]
+# (request, session id, path after the session prefix) -> the response; for proxied paths
+ProxyHandler = Callable[[web.Request, str, str], Awaitable[web.StreamResponse]]
+# raises a GatewayError (e.g. 401) for a request that may not use the API
+Authorize = Callable[[web.Request], None]
+
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+_JSON = {"Content-Type": "application/json"}
+_SSE_KEEPALIVE = b": keep-alive\n\n"
+_SSE_DONE = b"data: [DONE]\n\n"
+_DISCONNECT_POLL_S = 1.0  # how often a waiting handler checks that its client is still there
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "content-encoding",
+    }
+)
+
+
+def default_keepalive(interval_s: float = 15.0) -> KeepAliveInterval:
+    """Every `interval_s`, or half the client's announced read timeout (`x-stainless-read-timeout`) if less;
+    `X-Rolloutgate-Keepalive: off` turns it off for one request."""
+
+    def choose(request: web.Request, streams: bool) -> float | None:
+        if (request.headers.get("X-Rolloutgate-Keepalive") or "").lower() == "off" or interval_s <= 0:
+            return None
+        interval = interval_s
+        try:
+            announced = float(request.headers.get("x-stainless-read-timeout") or 0)
+        except ValueError:
+            announced = 0.0
+        return min(interval, announced / 2) if announced > 0 else interval
+
+    return choose
+
+
+def add_session_routes(
+    app: web.Application,
+    service: SessionService,
+    *,
+    keepalive: KeepAliveInterval | None = None,
+    proxy: ProxyHandler | None = None,
+    authorize: Authorize | None = None,
+    sweep_interval_s: float = 30.0,
+) -> None:
+    """Mount the session API on `app`; also starts a task that evicts idle sessions every `sweep_interval_s`.
+
+    `keepalive` chooses the keep-alive interval per request, `proxy` serves the other paths (default: through
+    the dispatcher, buffered), `authorize` checks every request first (e.g. the gateway's API keys).
+    """
+    app[SESSION_SERVICE] = service
+    choose = keepalive or default_keepalive()
+
+    def _errors(
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            try:
+                if authorize is not None:
+                    authorize(request)
+                return await handler(request)
+            except GatewayError as error:
+                return web.Response(status=error.status, body=error.body(), headers=error.headers())
+
+        return wrapped
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        return await _chat(request, service, choose)
+
+    async def proxied(request: web.Request) -> web.StreamResponse:
+        session_id, tail = request.match_info["session_id"], "/" + request.match_info["tail"]
+        if proxy is not None:
+            service.registry.get(session_id, service.clock.now())  # 404/410 before proxying
+            return await proxy(request, session_id, tail)
+        answer = await service.proxy(
+            session_id,
+            request.method,
+            tail,
+            query=request.query_string,
+            body=await request.read(),
+            headers=_forward_headers(request),
+        )
+        headers = {k: v for k, v in answer.headers.items() if k.lower() not in _HOP_BY_HOP}
+        if not any(k.lower() == "content-type" for k in headers):
+            headers.update(_JSON)  # engines answer JSON; a dispatcher may not pass the header on
+        return web.Response(status=answer.status, body=answer.body, headers=headers)
+
+    app.router.add_post("/sessions", _errors(lambda r: _create(r, service)))
+    app.router.add_get("/sessions/{session_id}", _errors(lambda r: _describe(r, service)))
+    app.router.add_delete("/sessions/{session_id}", _errors(lambda r: _delete(r, service)))
+    app.router.add_get("/sessions/{session_id}/trajectory", _errors(lambda r: _trajectory(r, service)))
+    app.router.add_post("/sessions/{session_id}/v1/chat/completions", _errors(chat))
+    app.router.add_route("*", "/sessions/{session_id}/{tail:.*}", _errors(proxied))
+
+    async def sweeper(_app: web.Application) -> AsyncIterator[None]:
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(sweep_interval_s)
+                service.expire()
+
+        task = asyncio.create_task(loop())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    app.cleanup_ctx.append(sweeper)
+
+
+async def _create(request: web.Request, service: SessionService) -> web.StreamResponse:
+    return _json({"session_id": service.create()})
+
+
+async def _describe(request: web.Request, service: SessionService) -> web.StreamResponse:
+    full = request.query.get("prompt_ids", "full") != "delta"
+    return _json(service.describe(request.match_info["session_id"], full_prompt_ids=full))
+
+
+async def _delete(request: web.Request, service: SessionService) -> web.StreamResponse:
+    service.delete(request.match_info["session_id"])
+    return web.Response(status=204)
+
+
+async def _trajectory(request: web.Request, service: SessionService) -> web.StreamResponse:
+    return _json(service.trajectory(request.match_info["session_id"]))
+
+
+def _json(value: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(value), headers=_JSON)
+
+
+def _forward_headers(request: web.Request) -> dict[str, str]:
+    return {
+        k: v
+        for k, v in request.headers.items()
+        if k.lower() not in _HOP_BY_HOP and k.lower() != "authorization"
+    }
+
+
+async def _chat(
+    request: web.Request, service: SessionService, choose: KeepAliveInterval
+) -> web.StreamResponse:
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}") from exc
+    streams = isinstance(body, dict) and bool(body.get("stream"))
+    include_usage = (
+        isinstance(body, dict)
+        and isinstance(body.get("stream_options"), dict)
+        and bool(body["stream_options"].get("include_usage"))
+    )
+    turn = asyncio.ensure_future(
+        service.chat(request.match_info["session_id"], body, _forward_headers(request))
+    )
+    interval = choose(request, streams)
+    poll_s = _DISCONNECT_POLL_S if interval is None else min(interval, _DISCONNECT_POLL_S)
+    loop = asyncio.get_running_loop()
+    silent_since = loop.time()
+    response: web.StreamResponse | None = None
+    try:
+        while not turn.done():
+            await asyncio.wait({turn}, timeout=poll_s)
+            if turn.done():
+                break
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                raise ConnectionResetError("the client went away")
+            if interval is None or loop.time() - silent_since < interval * 0.999:
+                continue
+            if response is None:
+                response = web.StreamResponse(status=200, headers=_SSE_HEADERS if streams else _JSON)
+                await response.prepare(request)
+            await response.write(_SSE_KEEPALIVE if streams else b" ")
+            silent_since = loop.time()
+    except (asyncio.CancelledError, ConnectionResetError):
+        turn.cancel()  # the agent left: its turn is abandoned upstream and not recorded
+        raise
+    try:
+        outcome = turn.result()
+    except GatewayError as error:
+        return await _write_error(request, response, error.status, error.body(), error.headers(), streams)
+    if outcome.completion is None:
+        return await _write_error(
+            request,
+            response,
+            outcome.status,
+            outcome.error_body or b"{}",
+            dict(outcome.error_headers),
+            streams,
+        )
+    return await _write_completion(request, response, outcome, streams, include_usage)
+
+
+def _outcome_headers(outcome: ChatOutcome) -> dict[str, str]:
+    headers = {"X-Rolloutgate-Session-Recorded": "true" if outcome.recorded else "false"}
+    if outcome.timing is not None:
+        headers["X-Rolloutgate-Timing"] = outcome.timing.header_value()
+    if outcome.engine_id is not None:
+        headers["X-Rolloutgate-Engine"] = outcome.engine_id
+    return headers
+
+
+async def _write_completion(
+    request: web.Request,
+    response: web.StreamResponse | None,
+    outcome: ChatOutcome,
+    streams: bool,
+    include_usage: bool,
+) -> web.StreamResponse:
+    assert outcome.completion is not None
+    if not streams:
+        if response is None:
+            return web.Response(
+                body=orjson.dumps(outcome.completion), headers={**_JSON, **_outcome_headers(outcome)}
+            )
+        completion = dict(outcome.completion)
+        if outcome.timing is not None:  # the headers left with the first keep-alive byte
+            completion["rolloutgate_timing"] = outcome.timing.as_dict()
+        await response.write(orjson.dumps(completion))
+        await response.write_eof()
+        return response
+    if response is None:
+        response = web.StreamResponse(status=200, headers={**_SSE_HEADERS, **_outcome_headers(outcome)})
+        await response.prepare(request)
+    for chunk in tito.completion_chunks(outcome.completion, include_usage=include_usage):
+        await response.write(b"data: " + chunk + b"\n\n")
+    await response.write(_SSE_DONE)
+    await response.write_eof()
+    return response
+
+
+async def _write_error(
+    request: web.Request,
+    response: web.StreamResponse | None,
+    status: int,
+    body: bytes,
+    headers: dict[str, str],
+    streams: bool,
+) -> web.StreamResponse:
+    if response is None:
+        kept = {k: v for k, v in headers.items() if k.lower() not in _HOP_BY_HOP}
+        return web.Response(status=status, body=body, headers={**_JSON, **kept})
+    if streams:
+        await response.write(b"data: " + _as_error_event(body, status) + b"\n\n" + _SSE_DONE)
+        await response.write_eof()
+        return response
+    await response.write(body)
+    # Cut the connection before the chunked body ends: every client then raises instead of parsing a 200.
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+    return response
+
+
+def _as_error_event(body: bytes, status: int) -> bytes:
+    """An SSE error payload with a top-level `error` key (the OpenAI SDK raises only on that shape)."""
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        value = None
+    if isinstance(value, dict) and "error" in value:
+        return body
+    message = value.get("message") if isinstance(value, dict) else body.decode("utf-8", "replace")
+    return orjson.dumps(
+        {"error": {"message": str(message), "type": "upstream_error", "param": None, "code": status}}
+    )

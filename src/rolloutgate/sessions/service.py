@@ -1,0 +1,337 @@
+"""The session API's logic, between the HTTP handlers (http.py) and the gateway (an injected dispatcher).
+
+Theory of operation: the service owns a `SessionRegistry` (sans-IO) and an optional `ChatRenderer`, reads
+time from an injected clock, and sends every upstream call through a `Dispatcher`: the gateway's own request
+path (queueing, admission, placement with the session id as routing key, engine-time clocks, keep-alive-free
+waiting), which returns the engine's answer with its timing breakdown. One chat turn is:
+
+    read + validate -> plan (registry) -> prompt ids (renderer) -> begin -> dispatch -> parse -> commit
+
+with no `await` between plan and begin, so concurrent requests of one session see a consistent state. A turn
+that fails upstream is not recorded (`end_turn` in a `finally`); the engine's error goes back to the agent
+unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from rolloutgate.core.clock import Clock
+from rolloutgate.core.timing import TimingBreakdown
+from rolloutgate.sessions import tito
+from rolloutgate.sessions.errors import EngineAnswerInvalid, SessionConflict, SessionEvicted, SessionNotFound
+from rolloutgate.sessions.messages import message_key, tools_key
+from rolloutgate.sessions.record import (
+    TurnRecord,
+    build_trajectory,
+    expand_records,
+    ids_array,
+    logprob_array,
+)
+from rolloutgate.sessions.registry import SessionRegistry
+from rolloutgate.sessions.render import ChatRenderer
+from rolloutgate.sessions.session import Session, TurnTicket
+
+__all__ = ("ChatOutcome", "Dispatcher", "SessionAnswer", "SessionCall", "SessionService", "SessionSettings")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionCall:
+    """One upstream call on behalf of a session: sent through the gateway with `routing_key` for affinity."""
+
+    request_id: str
+    routing_key: str  # the session id
+    method: str
+    path: str  # upstream path: "/generate", "/v1/chat/completions", or a proxied path
+    body: dict[str, Any] | None = None  # a JSON body (the gateway's inference routes)
+    raw_body: bytes | None = None  # a proxied body, forwarded as is
+    query: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict)  # client headers to pass on
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionAnswer:
+    """The engine's final answer (a whole body even if the gateway streamed it upstream)."""
+
+    status: int
+    body: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+    engine_id: str | None = None
+    timing: TimingBreakdown | None = None
+
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+
+class Dispatcher(Protocol):
+    async def __call__(self, call: SessionCall) -> SessionAnswer:
+        """Run the call through the gateway and return the engine's answer (any status the engine gave).
+
+        Raises rolloutgate.errors.GatewayError for a gateway verdict (timeout, no engine, queue full), which
+        the session API relays to the agent as is. Cancelling the awaiting task abandons the call.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionSettings:
+    default_max_tokens: int = 16_384  # max_new_tokens when the agent sets none (SGLang's own default is 128)
+    max_model_len: int | None = None  # caps max_new_tokens at the context length left
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatOutcome:
+    """What the agent gets for one chat turn: a completion, or the engine's error relayed."""
+
+    status: int
+    completion: dict[str, Any] | None = None
+    error_body: bytes | None = None
+    error_headers: Mapping[str, str] = field(default_factory=dict)
+    timing: TimingBreakdown | None = None
+    engine_id: str | None = None
+    recorded: bool = False
+
+
+class SessionService:
+    def __init__(
+        self,
+        registry: SessionRegistry,
+        dispatcher: Dispatcher,
+        clock: Clock,
+        *,
+        renderer: ChatRenderer | None = None,
+        settings: SessionSettings | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        new_request_id: Callable[[], str] | None = None,
+    ) -> None:
+        self.registry = registry
+        self.dispatcher = dispatcher
+        self.clock = clock
+        self.renderer = renderer
+        self.settings = settings or SessionSettings()
+        self._wall = wall_clock
+        self._new_request_id = new_request_id or (lambda: uuid.uuid4().hex)
+
+    # -- session lifecycle -----------------------------------------------------------------------------------
+
+    def create(self) -> str:
+        return self.registry.create(self.clock.now()).session_id
+
+    def describe(self, session_id: str, *, full_prompt_ids: bool = True) -> dict[str, Any]:
+        """`GET /sessions/{id}`: miles' shape (`session_id`, `records`, `metadata`) plus token metadata."""
+        session = self.registry.get(session_id, self.clock.now())
+        ids = session.token_ids
+        return {
+            "session_id": session_id,
+            "records": expand_records(session.records, full_prompt_ids=full_prompt_ids),
+            "metadata": {
+                "accumulated_token_ids": ids.tolist(),
+                "num_turns": session.turns,
+                "num_tokens": len(ids),
+                "tokenized_by_gateway": self.renderer is not None,
+                "turns_in_flight": len(session.in_flight),
+                "approx_bytes": session.approx_bytes,
+                "max_trim_tokens": 0,  # miles field: the gateway never trims ids
+            },
+        }
+
+    def delete(self, session_id: str) -> None:
+        self.registry.delete(session_id, self.clock.now())
+
+    def trajectory(self, session_id: str) -> dict[str, Any]:
+        session = self.registry.get(session_id, self.clock.now())
+        return build_trajectory(session.records).as_dict(session_id)
+
+    def expire(self) -> list[str]:
+        return self.registry.expire(self.clock.now())
+
+    # -- one chat turn ---------------------------------------------------------------------------------------
+
+    async def chat(self, session_id: str, body: Any, headers: Mapping[str, str] | None = None) -> ChatOutcome:
+        """Run one chat turn of a session. Raises GatewayError subclasses (session and gateway errors)."""
+        request = tito.read_chat_request(body)
+        keys = [message_key(m) for m in request.messages]
+        tkey = tools_key(request.tools, request.template_kwargs)
+        registry, renderer = self.registry, self.renderer
+        # plan -> prompt ids -> begin, with no await between: one consistent view of the session
+        session = registry.get(session_id, self.clock.now())
+        base = registry.plan_turn(session, request.messages, keys, tkey, strict=renderer is not None)
+        checkpoint = session.checkpoint(base.keep_turns)
+        prompt_ids: list[int] | None = None
+        if renderer is not None:
+            prompt_ids = renderer.continue_prompt(
+                checkpoint, request.messages, tools=request.tools, template_kwargs=request.template_kwargs
+            )
+        ticket = registry.begin_turn(session, base, _request_key(tkey, keys), self.clock.now())
+        request_id, request_at = self._new_request_id(), self._wall()
+        try:
+            answer = await self.dispatcher(
+                self._upstream_call(session_id, request_id, request, prompt_ids, headers)
+            )
+            if answer.status >= 400:
+                return ChatOutcome(
+                    status=answer.status,
+                    error_body=answer.body,
+                    error_headers=answer.headers,
+                    timing=answer.timing,
+                    engine_id=answer.engine_id,
+                )
+            turn, completion, prefix_len, new_ids = self._read_answer(
+                answer, request, prompt_ids, checkpoint.token_ids, request_id, int(request_at)
+            )
+            reply = tito.reply_message_of(completion)
+            record = TurnRecord(
+                index=base.keep_turns,
+                request_id=request_id,
+                request_at_unix=request_at,
+                finished_at_unix=self._wall(),
+                request=_without_messages(request.body, session),
+                messages_from=base.messages_from,
+                new_messages=tuple(request.messages[base.messages_from :]),
+                reply_message=reply,
+                response=completion,
+                prompt_prefix_len=prefix_len,
+                prompt_new_ids=ids_array(new_ids),
+                output_ids=ids_array(turn.output_ids),
+                output_logprobs=logprob_array(turn.output_logprobs),
+                finish_reason=turn.finish_reason,
+                engine_id=answer.engine_id,
+                weight_version=turn.weight_version,
+                timing=answer.timing.as_dict() if answer.timing is not None else None,
+                request_key=ticket.request_key,
+                tools_key=tkey,
+                message_keys=(*keys[base.messages_from :], message_key(reply)),
+                tokenized_by_gateway=renderer is not None,
+            )
+            recorded = self._commit(ticket, record)
+            return ChatOutcome(
+                status=200,
+                completion=completion,
+                timing=answer.timing,
+                engine_id=answer.engine_id,
+                recorded=recorded,
+            )
+        finally:
+            registry.end_turn(ticket, self.clock.now())
+
+    def _upstream_call(
+        self,
+        session_id: str,
+        request_id: str,
+        request: tito.ChatRequest,
+        prompt_ids: list[int] | None,
+        headers: Mapping[str, str] | None,
+    ) -> SessionCall:
+        if self.renderer is not None and prompt_ids is not None:
+            path = "/generate"
+            body = tito.generate_body(
+                request,
+                prompt_ids,
+                stop_token_ids=self.renderer.stop_token_ids,
+                default_max_tokens=self.settings.default_max_tokens,
+                max_model_len=self.settings.max_model_len,
+            )
+        else:
+            path, body = "/v1/chat/completions", tito.recorded_chat_body(request)
+        return SessionCall(
+            request_id=request_id,
+            routing_key=session_id,
+            method="POST",
+            path=path,
+            body=body,
+            headers=dict(headers or {}),
+        )
+
+    def _read_answer(
+        self,
+        answer: SessionAnswer,
+        request: tito.ChatRequest,
+        prompt_ids: list[int] | None,
+        base_ids: Sequence[int],
+        request_id: str,
+        created: int,
+    ) -> tuple[tito.EngineTurn, dict[str, Any], int, Sequence[int]]:
+        """(the engine's turn, the agent's completion, ids shared with the session, the prompt's new ids)."""
+        try:
+            parsed = answer.json()
+        except orjson.JSONDecodeError as exc:
+            raise EngineAnswerInvalid(f"the engine's answer is not JSON: {exc}") from exc
+        if self.renderer is not None and prompt_ids is not None:
+            turn = tito.parse_generate_answer(parsed, prompt_len=len(prompt_ids))
+            completion = tito.completion_from_turn(
+                request, turn, self.renderer, prompt_ids=prompt_ids, request_id=request_id, created=created
+            )
+            return turn, completion, len(base_ids), prompt_ids[len(base_ids) :]
+        turn = tito.parse_chat_answer(parsed)
+        engine_prompt = turn.prompt_ids or []
+        shared = _common_prefix_len(base_ids, engine_prompt)
+        return turn, tito.strip_chat_answer(parsed, request), shared, engine_prompt[shared:]
+
+    def _commit(self, ticket: TurnTicket, record: TurnRecord) -> bool:
+        """Commit; a session deleted, evicted or changed meanwhile still lets the agent have its answer."""
+        try:
+            self.registry.commit_turn(ticket, record, self.clock.now())
+        except (SessionNotFound, SessionEvicted, SessionConflict):
+            return False
+        return True
+
+    # -- proxied paths ---------------------------------------------------------------------------------------
+
+    async def proxy(
+        self, session_id: str, method: str, path: str, *, query: str, body: bytes, headers: Mapping[str, str]
+    ) -> SessionAnswer:
+        """Any other `/sessions/{id}/<path>`: sent as is, with the session as routing key (not recorded)."""
+        self.registry.get(session_id, self.clock.now())
+        json_body: dict[str, Any] | None = None
+        if body:
+            try:
+                loaded = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                loaded = None
+            json_body = loaded if isinstance(loaded, dict) else None
+        return await self.dispatcher(
+            SessionCall(
+                request_id=self._new_request_id(),
+                routing_key=session_id,
+                method=method,
+                path=path,
+                body=json_body,
+                raw_body=None if json_body is not None else (body or None),
+                query=query,
+                headers=dict(headers),
+            )
+        )
+
+
+def _request_key(tkey: bytes, keys: Sequence[bytes]) -> bytes:
+    """A short digest of what the template renders (messages and tools): equal for a retried request."""
+    digest = hashlib.blake2b(tkey, digest_size=16)
+    for key in keys:
+        digest.update(len(key).to_bytes(8, "little"))
+        digest.update(key)
+    return digest.digest()
+
+
+def _without_messages(body: dict[str, Any], session: Session) -> dict[str, Any]:
+    request = {k: v for k, v in body.items() if k != "messages"}
+    previous = session.records[-1].request if session.records else None
+    if previous is not None and "tools" in request and previous.get("tools") == request["tools"]:
+        request["tools"] = previous["tools"]  # share one copy across turns
+    return request
+
+
+def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):
+        return n
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

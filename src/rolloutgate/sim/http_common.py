@@ -1,0 +1,205 @@
+"""HTTP pieces shared by both API flavours: JSON and SSE, stream cadence, disconnect detection, and the
+simulator's own admin routes (`/sim/state`, `/sim/faults`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+
+from rolloutgate.sim.faults import Fault, parse_fault
+from rolloutgate.sim.params import BadRequest
+from rolloutgate.sim.request import SimRequest
+
+if TYPE_CHECKING:
+    from rolloutgate.sim.engine import SimEngine
+
+__all__ = (
+    "DONE",
+    "DisconnectWatcher",
+    "StreamCursor",
+    "add_admin_routes",
+    "json_response",
+    "read_json",
+    "sse",
+    "sse_headers",
+)
+
+DONE = b"data: [DONE]\n\n"
+# a client that has gone away makes writes fail with one of these
+WRITE_ERRORS = (ConnectionError, RuntimeError)
+
+
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(data), status=status, content_type="application/json", headers=headers
+    )
+
+
+def sse(data: Any) -> bytes:
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+def sse_headers() -> dict[str, str]:
+    return {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The body as a JSON object; an empty body is {}. Raises BadRequest otherwise."""
+    raw = await request.read()
+    if not raw.strip():
+        return {}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"invalid JSON body: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("the JSON body must be an object")
+    return body
+
+
+class StreamCursor:
+    """Which cumulative token counts become stream events: the first token, then every `interval`-th
+    token (counted from the start, like SGLang's `len(output_ids) % stream_interval == 0`), and the end."""
+
+    __slots__ = ("done", "interval", "sent")
+
+    def __init__(self, interval: int = 1) -> None:
+        self.interval = max(1, interval)
+        self.sent = 0
+        self.done = False
+
+    def marks(self, count: int, finished: bool) -> list[tuple[int, bool]]:
+        """New (token count, is_final) events given the request's progress."""
+        out: list[int] = []
+        position = self.sent
+        if count > position:
+            if position == 0:
+                out.append(1)
+                position = 1
+            following = (position // self.interval + 1) * self.interval
+            while following <= count:
+                out.append(following)
+                following += self.interval
+        events = [(mark, False) for mark in out]
+        if finished and not self.done:
+            self.done = True
+            if out and out[-1] == count:
+                events[-1] = (count, True)
+            else:
+                events.append((count, True))
+        if events:
+            self.sent = events[-1][0]
+        return events
+
+
+async def wait_change(event: asyncio.Event) -> None:
+    await event.wait()
+    event.clear()
+
+
+def is_disconnected(request: web.BaseRequest) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+class DisconnectWatcher:
+    """SGLang notices a gone client only when it next looks (every few seconds): every `disconnect_lag_s`
+    simulated seconds this sweeps the open requests and aborts those whose client has disconnected."""
+
+    def __init__(self, engine: SimEngine) -> None:
+        self._engine = engine
+        self._entries: dict[int, tuple[web.BaseRequest, SimRequest]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def watch(self, request: web.BaseRequest, req: SimRequest) -> None:
+        self._entries[id(req)] = (request, req)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        period = max(0.02, self._engine.clock.real_seconds(self._engine.config.disconnect_lag_s))
+        while self._entries:
+            await asyncio.sleep(period)
+            for key, (request, req) in list(self._entries.items()):
+                if req.is_finished:
+                    del self._entries[key]
+                elif is_disconnected(request):
+                    del self._entries[key]
+                    self._engine.abort(req.rid)
+
+    async def close(self, _app: web.Application | None = None) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+# --------------------------------------------------------------------------------- admin routes
+
+
+def fault_list(engines: Sequence[SimEngine]) -> list[dict[str, Any]]:
+    return [f.to_json() | {"engine": e.index} for e in engines for f in e.faults]
+
+
+async def apply_fault_body(engines: Sequence[SimEngine], body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Apply a POST /sim/faults body to `engines`: {"fault": kind, ...params} sets one, {"faults": [...]}
+    sets several, {"clear": "all" | kind | "stall:<rid>"} clears. Raises BadRequest."""
+    clear = body.get("clear")
+    try:
+        faults: list[Fault] = []
+        if "faults" in body:
+            faults = [parse_fault(item) for item in body["faults"]]
+        elif "fault" in body or "kind" in body:
+            faults = [parse_fault(body)]
+    except (ValueError, TypeError) as exc:
+        raise BadRequest(str(exc)) from exc
+    if clear is None and not faults:
+        raise BadRequest('expected "fault", "faults" or "clear"')
+    if clear is not None:
+        for engine in engines:
+            engine.clear_faults(None if clear in (True, "all") else str(clear))
+    crash = [f for f in faults if f.kind == "crash"]
+    for engine in engines:
+        for fault in faults:
+            if fault.kind != "crash":
+                engine.set_fault(fault)
+    if crash:
+        # let this response leave before the port goes away (it may be the crashing engine's own port)
+        loop = asyncio.get_running_loop()
+        for engine in engines:
+            loop.call_later(0.02, engine.set_fault, crash[0])
+    listed = fault_list(engines)
+    if crash:
+        listed += [crash[0].to_json() | {"engine": e.index} for e in engines]
+    return listed
+
+
+def add_admin_routes(app: web.Application, engine: SimEngine) -> None:
+    async def get_state(request: web.Request) -> web.Response:
+        rid = request.query.get("rid")
+        include = request.query.get("requests", "1") not in ("0", "false")
+        return json_response(engine.state(rid=rid, include_requests=include))
+
+    async def post_faults(request: web.Request) -> web.Response:
+        try:
+            listed = await apply_fault_body([engine], await read_json(request))
+        except BadRequest as exc:
+            return json_response({"error": {"message": exc.message}}, status=400)
+        return json_response({"faults": listed})
+
+    async def get_faults(_request: web.Request) -> web.Response:
+        return json_response({"faults": fault_list([engine])})
+
+    async def delete_faults(_request: web.Request) -> web.Response:
+        engine.clear_faults()
+        return json_response({"faults": []})
+
+    app.router.add_get("/sim/state", get_state)
+    app.router.add_post("/sim/faults", post_faults)
+    app.router.add_get("/sim/faults", get_faults)
+    app.router.add_delete("/sim/faults", delete_faults)

@@ -1,0 +1,420 @@
+"""SGLang's HTTP API (0.5.23 shapes, reference/engines.md section A) over a simulated engine."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from rolloutgate.sim import metrics
+from rolloutgate.sim.http_common import (
+    DONE,
+    WRITE_ERRORS,
+    DisconnectWatcher,
+    StreamCursor,
+    add_admin_routes,
+    json_response,
+    read_json,
+    sse,
+    sse_headers,
+    wait_change,
+)
+from rolloutgate.sim.http_openai import OpenAIRoutes
+from rolloutgate.sim.output import TokenView, generate_item
+from rolloutgate.sim.params import BadRequest, GenParams, parse_generate
+from rolloutgate.sim.request import SimRequest
+
+if TYPE_CHECKING:
+    from rolloutgate.sim.engine import SimEngine
+
+__all__ = ("build_app",)
+
+VERSION = "0.5.23"
+_FLUSHED = (
+    "Cache flushed.\nPlease check backend logs for more details. "
+    "(When there are running or waiting requests, the operation will not be performed.)\n"
+)
+_PAUSE_MODES = ("abort", "retract", "in_place")
+
+
+def _error(message: str, status: int = 400) -> web.Response:
+    return json_response({"error": {"message": message}}, status=status)
+
+
+def openai_error(message: str, status: int = 400, param: str | None = None) -> web.Response:
+    """SGLang's OpenAI-route error: a flat object."""
+    phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"
+    body = {"object": "error", "message": message, "type": phrase, "param": param, "code": status}
+    return json_response(body, status=status)
+
+
+class SGLangRoutes:
+    def __init__(self, engine: SimEngine) -> None:
+        self.engine = engine
+        self.config = engine.config
+        self.watcher = DisconnectWatcher(engine)
+        self.started_at = time.time()
+
+    # ----------------------------------------------------------------------------- generation
+
+    def new_request(self, params: GenParams, rid: str | None, listener: asyncio.Event) -> SimRequest:
+        req = SimRequest(
+            rid or uuid.uuid4().hex,
+            params.prompt_ids,
+            max_new_tokens=params.max_new_tokens,
+            seed=self.engine.seed,
+            ignore_eos=params.ignore_eos,
+            stop_fraction=self.config.stop_fraction,
+            wants_logprobs=params.logprobs,
+        )
+        req.listener = listener
+        return req
+
+    def submit_all(self, request: web.Request, reqs: list[SimRequest]) -> None:
+        """Queue the requests; raises BadRequest on a duplicate rid (none is queued then)."""
+        seen: set[str] = set()
+        for req in reqs:
+            if req.rid in seen or self.engine.model.is_live(req.rid):
+                raise BadRequest(f"Duplicate request ID detected: {req.rid}")
+            seen.add(req.rid)
+        for req in reqs:
+            self.engine.submit(req)
+            self.watcher.watch(request, req)
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        try:
+            items, batch = parse_generate(await read_json(request), self.config)
+        except BadRequest as exc:
+            return _error(exc.message, exc.status)
+        refusal = self.engine.refusal_status()
+        if refusal is not None:
+            return _error("The server is refusing new requests (simulated fault).", refusal)
+        with self.engine.track_handler():
+            await self.engine.wait_open()
+            listener = asyncio.Event()
+            reqs = [self.new_request(p, p.rid, listener) for p in items]
+            try:
+                self.submit_all(request, reqs)
+            except BadRequest as exc:
+                return _error(exc.message, exc.status)
+            if items[0].stream:
+                return await self._stream_generate(request, reqs, items, batch, listener)
+            while not all(r.is_finished for r in reqs):
+                await wait_change(listener)
+            for req in reqs:
+                if req.finish is not None and req.finish.status_code is not None:
+                    return _error(req.finish.message or "aborted", req.finish.status_code)
+            version = self.engine.weight_version
+            results = [
+                generate_item(r, TokenView(r), p, r.completion_tokens, final=True, weight_version=version)
+                for r, p in zip(reqs, items, strict=True)
+            ]
+            return json_response(results if batch else results[0])
+
+    async def _stream_generate(
+        self,
+        request: web.Request,
+        reqs: list[SimRequest],
+        items: list[GenParams],
+        batch: bool,
+        listener: asyncio.Event,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers=sse_headers())
+        await response.prepare(request)  # SGLang /generate sends its headers at once
+        views = [TokenView(r) for r in reqs]
+        cursors = [StreamCursor(p.stream_interval) for p in items]
+        try:
+            while True:
+                frames = []
+                for index, (req, view, params, cursor) in enumerate(
+                    zip(reqs, views, items, cursors, strict=True)
+                ):
+                    finish = req.finish
+                    if req.is_finished and finish is not None and finish.status_code is not None:
+                        if not cursor.done:
+                            cursor.done = True
+                            error = {"message": finish.message, "code": finish.status_code, "retryable": True}
+                            frames.append(sse({"error": error | {"type": "invalid_request_error"}}))
+                        continue
+                    for count, final in cursor.marks(req.completion_tokens, req.is_finished):
+                        item = generate_item(
+                            req, view, params, count, final=final, weight_version=self.engine.weight_version
+                        )
+                        if batch:
+                            item["index"] = index
+                        frames.append(sse(item))
+                if frames:
+                    await response.write(b"".join(frames))
+                if all(c.done for c in cursors):
+                    await response.write(DONE)
+                    return response
+                await wait_change(listener)
+        except WRITE_ERRORS:
+            return response  # the client is gone; the watcher aborts what is still running
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        try:
+            body = await read_json(request)
+        except BadRequest as exc:
+            return _error(exc.message)
+        rid = str(body.get("rid") or "")
+        if body.get("abort_all"):
+            self.engine.abort_all()
+        elif rid and self.engine.model.is_live(rid):
+            # like SGLang: the exact rid must exist, then the scheduler aborts every rid it prefixes
+            self.engine.abort(rid, prefix=True, message=body.get("abort_message"))
+        return web.Response(status=200)
+
+    # ----------------------------------------------------------------------------- control plane
+
+    async def pause_generation(self, request: web.Request) -> web.Response:
+        try:
+            body = await read_json(request)
+        except BadRequest as exc:
+            return _error(exc.message)
+        mode = body.get("mode", "abort")
+        if mode not in _PAUSE_MODES:
+            return _error(f"mode must be one of {', '.join(_PAUSE_MODES)}")
+        self.engine.pause(mode)
+        if mode == "abort":
+            await self.engine.wait_idle()  # returns once every in-flight request has been answered
+        return json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def continue_generation(self, _request: web.Request) -> web.Response:
+        self.engine.resume()
+        return json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
+        try:
+            body = await read_json(request)
+        except BadRequest as exc:
+            return _error(exc.message)
+        held = self.engine.model.live_count if self.engine.paused else 0
+        version = body.get("weight_version")
+        await self.engine.update_weights(
+            version=None if version is None else str(version),
+            abort_all=bool(body.get("abort_all_requests", False)),
+            flush_cache=bool(body.get("flush_cache", True)),
+        )
+        return json_response(
+            {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": held}
+        )
+
+    async def update_weight_version(self, request: web.Request) -> web.Response:
+        try:
+            body = await read_json(request)
+        except BadRequest as exc:
+            return _error(exc.message)
+        if body.get("new_version") is None:
+            return _error("new_version is required")
+        if body.get("abort_all_requests", True):
+            self.engine.abort_all()
+        self.engine.weight_version = str(body["new_version"])
+        return json_response({"success": True, "message": f"Weight version updated to {body['new_version']}"})
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        timeout = float(request.query.get("timeout", 0) or 0)
+        if timeout > 0 and self.engine.model.live_count:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.engine.wait_idle(), self.engine.clock.real_seconds(timeout))
+        if self.engine.flush_cache():
+            return web.Response(text=_FLUSHED)
+        return web.Response(text="Flush cache failed.\n", status=400)
+
+    async def health(self, _request: web.Request) -> web.Response:
+        """Submit a one-token request and poll every `health_poll_s` for any scheduler output, up to
+        `health_timeout_s` (503). Requests blocked by a pause block the probe too, as in SGLang."""
+        engine, model = self.engine, self.engine.model
+        start_events, start_at = model.stats.progress_events, engine.now()
+        probe = SimRequest(f"HEALTH_CHECK_{uuid.uuid4().hex}", [0], max_new_tokens=1, internal=True)
+        probe.listener = asyncio.Event()
+
+        async def run_probe() -> None:
+            await engine.wait_open()
+            engine.submit(probe)
+
+        task = asyncio.get_running_loop().create_task(run_probe())
+        poll_s = max(0.005, engine.clock.real_seconds(self.config.health_poll_s))
+        try:
+            while True:
+                await asyncio.sleep(poll_s)  # SGLang sleeps a poll period before each look
+                engine.sync()
+                if model.stats.progress_events > start_events or probe.completion_tokens:
+                    return web.Response(status=200)
+                if engine.now() - start_at >= self.config.health_timeout_s:
+                    return web.Response(status=503)
+        finally:
+            task.cancel()
+            if model.is_live(probe.rid):
+                engine.abort(probe.rid)
+
+    # ----------------------------------------------------------------------------- info
+
+    def server_args(self) -> dict[str, Any]:
+        config = self.config
+        return {
+            "model_path": config.served_model_name,
+            "tokenizer_path": config.served_model_name,
+            "served_model_name": config.served_model_name,
+            "context_length": config.context_len,
+            "max_running_requests": config.max_running_requests,
+            "max_queued_requests": config.max_queued_requests,
+            "chunked_prefill_size": config.chunked_prefill_size,
+            "max_prefill_tokens": 16384,
+            "schedule_policy": "fcfs",
+            "schedule_conservativeness": 1.0,
+            "enable_mixed_chunk": self.engine.model.mode == "mixed",
+            "prefill_decode_interval": config.prefill_decode_interval,
+            "disable_radix_cache": not config.enable_prefix_cache,
+            "page_size": 1,
+            "tp_size": 1,
+            "dp_size": 1,
+            "stream_interval": 1,
+            "enable_metrics": True,
+            "weight_version": self.engine.weight_version,
+        }
+
+    async def server_info(self, _request: web.Request) -> web.Response:
+        model = self.engine.model
+        config = self.config
+        info = self.server_args() | {
+            "launch_command": f"rolloutgate sim --api sglang --profile {config.profile}",
+            "status": "ready",
+            "max_total_num_tokens": config.kv_capacity_tokens,
+            "max_req_input_len": config.context_len - 1,
+            "startup_time": self.started_at,
+            "internal_states": [
+                {
+                    "effective_max_running_requests_per_dp": config.max_running_requests,
+                    "last_gen_throughput": model.stats.gen_throughput(self.engine.now()),
+                    "memory_usage": {
+                        "weight": 0.0,
+                        "kvcache": 0.0,
+                        "token_capacity": config.kv_capacity_tokens,
+                    },
+                }
+            ],
+            "version": VERSION,
+            "simulator": {"profile": config.profile, "time_scale": self.engine.clock.scale},
+        }
+        return json_response(info)
+
+    async def model_info(self, _request: web.Request) -> web.Response:
+        name = self.config.served_model_name
+        return json_response(
+            {
+                "model_path": name,
+                "tokenizer_path": name,
+                "served_model_name": name,
+                "is_generation": True,
+                "weight_version": self.engine.weight_version,
+            }
+        )
+
+    def _load_snapshot(self) -> dict[str, Any]:
+        self.engine.sync()
+        model, config = self.engine.model, self.config
+        queries = model.cache.queries_tokens
+        return {
+            "dp_rank": 0,
+            "num_running_reqs": model.running_count,
+            "num_waiting_reqs": model.waiting_count,
+            "num_waiting_uncached_tokens": sum(
+                r.prompt_tokens for r in model.requests() if r.state.value == "waiting"
+            ),
+            "num_used_tokens": model.kv_used_tokens,
+            "num_total_tokens": model.kv_used_tokens + model.cache.size_tokens,
+            "max_total_num_tokens": config.kv_capacity_tokens,
+            "max_running_requests": config.max_running_requests,
+            "token_usage": model.kv_used_tokens / config.kv_capacity_tokens,
+            "gen_throughput": model.stats.gen_throughput(self.engine.now()),
+            "cache_hit_rate": model.cache.hits_tokens / queries if queries else 0.0,
+            "utilization": min(1.0, model.running_count / config.max_running_requests),
+        }
+
+    async def loads(self, _request: web.Request) -> web.Response:
+        snapshot = self._load_snapshot()
+        return json_response(
+            {
+                "timestamp": time.time(),
+                "version": VERSION,
+                "accelerator": "sim",
+                "num_accelerators": 1,
+                "loads": [snapshot],
+            }
+        )
+
+    async def get_load(self, _request: web.Request) -> web.Response:
+        s = self._load_snapshot()
+        return json_response(
+            [
+                {
+                    "dp_rank": 0,
+                    "num_reqs": s["num_running_reqs"] + s["num_waiting_reqs"],
+                    "num_waiting_reqs": s["num_waiting_reqs"],
+                    "num_tokens": s["num_total_tokens"],
+                    "num_pending_tokens": s["num_waiting_uncached_tokens"],
+                    "ts_tic": time.time(),
+                }
+            ]
+        )
+
+    def _model_card(self) -> dict[str, Any]:
+        name = self.config.served_model_name
+        return {
+            "id": name,
+            "object": "model",
+            "created": int(self.started_at),
+            "owned_by": "sglang",
+            "root": name,
+            "parent": None,
+            "max_model_len": self.config.context_len,
+        }
+
+    async def models(self, _request: web.Request) -> web.Response:
+        return json_response({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        if request.match_info["model"] != self.config.served_model_name:
+            return openai_error(f"The model '{request.match_info['model']}' does not exist", 404)
+        return json_response(self._model_card())
+
+    async def metrics(self, _request: web.Request) -> web.Response:
+        self.engine.sync()
+        text = metrics.render_sglang(self.engine.model, self.engine.now())
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+
+def build_app(engine: SimEngine) -> web.Application:
+    routes = SGLangRoutes(engine)
+    openai = OpenAIRoutes(engine, flavour="sglang", submit=routes.submit_all, error=openai_error)
+    app = web.Application(client_max_size=1 << 30)
+    app.router.add_route("POST", "/generate", routes.generate)
+    app.router.add_route("PUT", "/generate", routes.generate)
+    app.router.add_post("/v1/chat/completions", openai.chat)
+    app.router.add_post("/v1/completions", openai.completions)
+    app.router.add_post("/abort_request", routes.abort_request)
+    app.router.add_post("/pause_generation", routes.pause_generation)
+    app.router.add_post("/continue_generation", routes.continue_generation)
+    app.router.add_post("/update_weights_from_disk", routes.update_weights_from_disk)
+    app.router.add_post("/update_weight_version", routes.update_weight_version)
+    app.router.add_route("*", "/flush_cache", routes.flush_cache)
+    app.router.add_get("/health", routes.health)
+    app.router.add_get("/health_generate", routes.health)
+    app.router.add_get("/server_info", routes.server_info)
+    app.router.add_get("/get_server_info", routes.server_info)
+    app.router.add_get("/model_info", routes.model_info)
+    app.router.add_get("/get_model_info", routes.model_info)
+    app.router.add_get("/v1/loads", routes.loads)
+    app.router.add_get("/get_load", routes.get_load)
+    app.router.add_get("/v1/models", routes.models)
+    app.router.add_get("/v1/models/{model}", routes.model)
+    app.router.add_get("/metrics", routes.metrics)
+    add_admin_routes(app, engine)
+    app.on_cleanup.append(routes.watcher.close)
+    return app

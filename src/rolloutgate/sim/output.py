@@ -1,0 +1,273 @@
+"""Response bodies: SGLang /generate items and OpenAI chat/completion bodies and chunks, per flavour."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rolloutgate.sim import tokens
+from rolloutgate.sim.params import GenParams
+from rolloutgate.sim.request import SimRequest
+
+__all__ = ("OpenAIFormatter", "TokenView", "generate_item")
+
+
+class TokenView:
+    """A request's output ids and words, materialised as far as they have been read."""
+
+    __slots__ = ("ids", "req", "words")
+
+    def __init__(self, req: SimRequest) -> None:
+        self.req = req
+        self.ids: list[int] = []
+        self.words: list[str] = []
+
+    def upto(self, count: int) -> None:
+        if count > len(self.ids):
+            new = self.req.output_ids(len(self.ids), count)
+            self.ids.extend(new)
+            self.words.extend(tokens.word(t) for t in new)
+
+    def text(self, start: int, end: int) -> str:
+        self.upto(end)
+        return "".join(self.words[start:end])
+
+    def logprob(self, position: int) -> float:
+        return tokens.logprob_of(self.req.key, position)
+
+    def alternatives(self, position: int, count: int) -> list[tuple[float, int]]:
+        """The chosen token first, then `count - 1` made-up, less likely ones."""
+        self.upto(position + 1)
+        chosen = self.logprob(position)
+        out = [(chosen, self.ids[position])]
+        for j in range(1, count):
+            other = tokens.output_token(self.req.key ^ (j * 0x2545F491), position)
+            out.append((round(chosen - 0.5 * j - 0.25, 3), other))
+        return out
+
+
+def generate_item(
+    req: SimRequest, view: TokenView, params: GenParams, count: int, *, final: bool, weight_version: str
+) -> dict[str, Any]:
+    """One SGLang /generate result (cumulative up to `count` tokens); `final` adds finish and latency."""
+    view.upto(count)
+    finish = req.finish if final else None
+    meta: dict[str, Any] = {"id": req.rid, "finish_reason": None if finish is None else finish.sglang()}
+    if finish is None or not finish.in_queue:
+        meta["prompt_tokens"] = req.prompt_tokens
+    meta["weight_version"] = weight_version
+    meta["num_retractions"] = req.num_retractions
+    meta["reasoning_tokens"] = 0
+    meta["completion_tokens"] = count
+    if finish is None or not finish.in_queue:
+        meta["cached_tokens"] = req.cached_tokens
+    if params.logprobs:
+        text_of = tokens.word if params.logprobs_text else None
+        meta["input_token_logprobs"] = []
+        meta["output_token_logprobs"] = [
+            [view.logprob(i), view.ids[i], None if text_of is None else text_of(view.ids[i])]
+            for i in range(count)
+        ]
+        meta["output_token_logprobs_length"] = count
+        if params.top_logprobs:
+            meta["input_top_logprobs"] = []
+            meta["output_top_logprobs"] = [
+                [[lp, tid, None] for lp, tid in view.alternatives(i, params.top_logprobs)]
+                for i in range(count)
+            ]
+    if final:
+        meta["e2e_latency"] = req.e2e_latency()
+    item: dict[str, Any] = {"text": view.text(0, count), "output_ids": view.ids[:count], "meta_info": meta}
+    if params.return_prompt_token_ids:
+        item["prompt_token_ids"] = params.prompt_ids
+    return item
+
+
+class OpenAIFormatter:
+    """Builds one request's OpenAI bodies. `flavour` is "sglang" or "vllm"; `kind` "chat" or "completion"."""
+
+    def __init__(
+        self,
+        *,
+        flavour: str,
+        kind: str,
+        req: SimRequest,
+        params: GenParams,
+        model_name: str,
+        weight_version: str,
+    ) -> None:
+        self.flavour = flavour
+        self.kind = kind
+        self.req = req
+        self.params = params
+        self.model_name = model_name
+        self.weight_version = weight_version
+        self.created = int(time.time())
+        self.view = TokenView(req)
+        if flavour == "vllm":
+            self.id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{req.rid}"
+        else:
+            self.id = req.rid
+        self.object = "chat.completion" if kind == "chat" else "text_completion"
+
+    # ----------------------------------------------------------------------------- pieces
+
+    def _finish_fields(self, final: bool) -> dict[str, Any]:
+        finish = self.req.finish if final else None
+        fields: dict[str, Any] = {"finish_reason": None if finish is None else finish.openai}
+        if self.flavour == "sglang":
+            fields["matched_stop"] = None if finish is None else finish.matched
+        elif final:
+            fields["stop_reason"] = None
+        return fields
+
+    def usage(self) -> dict[str, Any]:
+        req = self.req
+        usage: dict[str, Any] = {
+            "prompt_tokens": req.prompt_tokens,
+            "completion_tokens": req.completion_tokens,
+            "total_tokens": req.prompt_tokens + req.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": req.cached_tokens}
+            if self.req.cached_tokens or self.flavour == "sglang"
+            else None,
+        }
+        if self.flavour == "sglang":
+            usage["reasoning_tokens"] = 0
+        return usage
+
+    def _logprobs(self, start: int, end: int) -> dict[str, Any] | None:
+        if not self.params.logprobs:
+            return None
+        view = self.view
+        view.upto(end)
+        top = self.params.top_logprobs
+        if self.kind == "chat":
+            content = []
+            for i in range(start, end):
+                word = view.words[i]
+                entry: dict[str, Any] = {
+                    "token": word,
+                    "logprob": view.logprob(i),
+                    "bytes": list(word.encode()),
+                    "top_logprobs": [
+                        {"token": tokens.word(t), "logprob": lp, "bytes": list(tokens.word(t).encode())}
+                        for lp, t in view.alternatives(i, top)
+                    ]
+                    if top
+                    else [],
+                }
+                content.append(entry)
+            return {"content": content}
+        offsets, offset = [], len(view.text(0, start))
+        for i in range(start, end):
+            offsets.append(offset)
+            offset += len(view.words[i])
+        return {
+            "text_offset": offsets,
+            "token_logprobs": [view.logprob(i) for i in range(start, end)],
+            "tokens": view.words[start:end],
+            "top_logprobs": [
+                {tokens.word(t): lp for lp, t in view.alternatives(i, top)} for i in range(start, end)
+            ]
+            if top
+            else None,
+        }
+
+    def _head(self, object_name: str) -> dict[str, Any]:
+        return {"id": self.id, "object": object_name, "created": self.created, "model": self.model_name}
+
+    # ----------------------------------------------------------------------------- bodies
+
+    def whole(self) -> dict[str, Any]:
+        """The non-streaming response."""
+        req, view = self.req, self.view
+        count = req.completion_tokens
+        text = view.text(0, count)
+        choice: dict[str, Any] = {"index": 0}
+        if self.kind == "chat":
+            if self.flavour == "vllm":
+                choice["message"] = {
+                    "role": "assistant",
+                    "content": text,
+                    "refusal": None,
+                    "annotations": None,
+                    "audio": None,
+                    "function_call": None,
+                    "tool_calls": [],
+                    "reasoning_content": None,
+                }
+            else:
+                choice["message"] = {
+                    "role": "assistant",
+                    "content": text,
+                    "reasoning_content": None,
+                    "tool_calls": None,
+                }
+        else:
+            choice["text"] = text
+        choice["logprobs"] = self._logprobs(0, count)
+        choice.update(self._finish_fields(True))
+        body = self._head(self.object)
+        if self.flavour == "vllm":
+            choice["token_ids"] = view.ids[:count] if self.params.return_token_ids else None
+            body["choices"] = [choice]
+            body["service_tier"] = None
+            body["system_fingerprint"] = None
+            body["usage"] = self.usage()
+            body["prompt_logprobs"] = None
+            body["prompt_token_ids"] = self.params.prompt_ids if self.params.return_token_ids else None
+            body["kv_transfer_params"] = None
+            return body
+        if self.params.return_token_ids or self.params.return_prompt_token_ids:
+            choice["prompt_token_ids"] = self.params.prompt_ids
+        if self.params.return_token_ids:
+            choice["response_token_ids" if self.kind == "chat" else "token_ids"] = view.ids[:count]
+        if self.params.return_meta_info and self.kind == "chat":
+            meta_params = GenParams(
+                prompt_ids=self.params.prompt_ids,
+                max_new_tokens=req.max_new_tokens,
+                logprobs=self.params.logprobs,
+                logprobs_text=True,
+            )
+            item = generate_item(
+                req, view, meta_params, count, final=True, weight_version=self.weight_version
+            )
+            choice["meta_info"] = item["meta_info"]
+        body["choices"] = [choice]
+        body["usage"] = self.usage()
+        body["metadata"] = {"weight_version": self.weight_version}
+        return body
+
+    def role_chunk(self) -> dict[str, Any]:
+        """The first chat chunk: the assistant role and empty content."""
+        choice: dict[str, Any] = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
+        choice.update(self._finish_fields(False))
+        body = self._head("chat.completion.chunk")
+        body["choices"] = [choice]
+        if self.flavour == "sglang":
+            body["usage"] = None
+        return body
+
+    def delta_chunk(self, start: int, end: int, *, final: bool) -> dict[str, Any]:
+        """Tokens [start, end) as one chunk; `final` adds the finish reason."""
+        text = self.view.text(start, end)
+        choice: dict[str, Any] = {"index": 0}
+        if self.kind == "chat":
+            choice["delta"] = {"content": text} if end > start or not final else {}
+        else:
+            choice["text"] = text
+        choice["logprobs"] = self._logprobs(start, end)
+        choice.update(self._finish_fields(final))
+        if self.params.return_token_ids:
+            choice["token_ids"] = self.view.ids[start:end]
+        body = self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion")
+        body["choices"] = [choice]
+        if self.flavour == "sglang":
+            body["usage"] = None
+        return body
+
+    def usage_chunk(self) -> dict[str, Any]:
+        body = self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion")
+        body["choices"] = []
+        body["usage"] = self.usage()
+        return body

@@ -1,0 +1,231 @@
+"""Endings: no engine, queue full, queue timeout, wall cap, client grace, late events, and no leaks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rolloutgate.core.commands import Abort, AbortReason, Complete, Dispatch, Fail, FailReason
+from rolloutgate.core.config import GatewayCoreConfig
+from rolloutgate.core.events import (
+    ClientAttached,
+    ClientDisconnected,
+    ClockMode,
+    EngineHealthChecked,
+    EngineJoined,
+    EngineLeft,
+    GateClosed,
+    GateOpened,
+    ProgressReported,
+    UpstreamFailed,
+    UpstreamFinished,
+)
+from tests.core.helpers import Harness, of
+
+
+def test_no_engine_fails_queued_after_grace_and_new_ones_at_once() -> None:
+    h = Harness(GatewayCoreConfig(no_engine_grace_s=30.0, no_engine_retry_after_s=5.0))
+    h.arrive("a")
+    h.advance(29.0)
+    h.arrive("b")
+    assert h.commands(Fail) == []
+    out = h.advance(1.0)
+    assert [(f.request_id, f.reason, f.retry_after_s) for f in of(out, Fail)] == [
+        ("a", FailReason.NO_ENGINE, 5.0),
+        ("b", FailReason.NO_ENGINE, 5.0),
+    ]
+    [fail] = of(h.arrive("c"), Fail)
+    assert fail.reason is FailReason.NO_ENGINE and fail.retry_after_s == 5.0
+    h.engines(e1=1)
+    assert [d.request_id for d in of(h.arrive("d"), Dispatch)] == ["d"]
+
+
+def test_no_engine_grace_restarts_when_the_last_engine_goes_unhealthy() -> None:
+    h = Harness(GatewayCoreConfig(no_engine_grace_s=10.0))
+    h.engines(e1=1)
+    h.arrive("a")
+    h.send(
+        UpstreamFailed(request_id="a", reason="refused", engine_unreachable=True)
+    )  # e1 unhealthy, a re-queued
+    h.advance(9.0)
+    assert h.commands(Fail) == []
+    h.send(EngineHealthChecked(engine_id="e1", healthy=True))  # back in time: a runs
+    assert h.commands(Dispatch, "a")[-1].attempt == 2
+    h.send(EngineHealthChecked(engine_id="e1", healthy=False))
+    h.send(UpstreamFailed(request_id="a", reason="refused"))
+    out = h.advance(10.0)
+    assert [f.reason for f in of(out, Fail)] == [FailReason.NO_ENGINE]
+    assert h.gw.stats().live_requests == 0
+
+
+def test_requeue_while_failing_fast_fails_at_once() -> None:
+    h = Harness(GatewayCoreConfig(no_engine_grace_s=10.0))
+    h.engines(e1=2)
+    h.arrive("a")
+    h.arrive("b")
+    h.send(EngineHealthChecked(engine_id="e1", healthy=False))  # both keep running there
+    h.advance(10.0, {"a": 1.0, "b": 1.0})
+    assert h.commands(Fail) == []  # nothing was queued
+    out = h.send(UpstreamFailed(request_id="a", reason="reset"))  # retryable, but there is nowhere to go
+    [fail] = of(out, Fail)
+    assert fail.reason is FailReason.NO_ENGINE and h.gw.stats().live_requests == 1
+    h.send(EngineJoined(engine_id="e2", capacity=1, healthy=False))
+    assert of(h.send(UpstreamFinished(request_id="b")), Complete)
+
+
+def test_queue_full() -> None:
+    h = Harness(GatewayCoreConfig(max_queue=2, retry_after_s=2.0))
+    h.engines(e1=1)
+    h.arrive("running")
+    h.arrive("q1")
+    h.arrive("q2")
+    [fail] = of(h.arrive("q3"), Fail)
+    assert (fail.reason, fail.retry_after_s, fail.timing.wall_s) == (FailReason.QUEUE_FULL, 2.0, 0.0)
+    assert h.gw.stats().live_requests == 3
+
+
+def test_queue_timeout_counts_only_open_gate_time() -> None:
+    h = Harness()
+    h.engines(e1=1)
+    h.arrive("running")
+    h.arrive("q", queue_timeout_s=20.0)
+    h.advance(10.0, {"running": 1.0})
+    h.send(GateClosed())
+    h.advance(100.0, {"running": 1.0})  # paused, not queue time
+    h.send(GateOpened())
+    out = h.advance(10.0, {"running": 1.0})
+    [fail] = of(out, Fail)
+    assert fail.reason is FailReason.QUEUE_TIMEOUT and fail.retry_after_s == 1.0
+    assert (fail.timing.queue_s, fail.timing.paused_s) == pytest.approx((20.0, 100.0))
+    assert of(out, Abort) == []
+
+
+def test_max_wall_aborts_if_dispatched_and_fails() -> None:
+    h = Harness()
+    h.engines(e1=1)
+    h.arrive("a", max_wall_s=50.0)
+    h.arrive("b", max_wall_s=30.0)
+    out = h.advance(50.0, {"a": 1.0})
+    assert {f.request_id: f.reason for f in of(out, Fail)} == {
+        "a": FailReason.MAX_WALL,
+        "b": FailReason.MAX_WALL,
+    }
+    assert [(x.request_id, x.engine_id, x.reason) for x in of(out, Abort)] == [
+        ("a", "e1", AbortReason.MAX_WALL)
+    ]
+
+
+def test_timeout_verdict_aborts_on_the_right_engine_with_the_breakdown() -> None:
+    h = Harness()
+    h.engines(e1=1, e2=1)
+    h.arrive("x")
+    h.arrive("a", timeout_s=100.0)
+    out = h.advance(150.0, {"a": 1.0, "x": 1.0})
+    assert of(out, Abort) == [Abort(request_id="a", engine_id="e2", reason=AbortReason.TIMEOUT)]
+    [fail] = of(out, Fail)
+    assert fail.reason is FailReason.TIMEOUT and fail.timing.charged_s == pytest.approx(100.0)
+    assert fail.timing.engine_id == "e2" and fail.timing.tokens == 99
+    assert "charged=100.000" in fail.timing.header_value()
+
+
+def test_retry_grace_forgets_after_expiry_and_attach_cancels() -> None:
+    h = Harness(GatewayCoreConfig(retry_grace_s=10.0))
+    h.engines(e1=1)
+    h.arrive("a")
+    h.arrive("q")
+    h.send(ClientDisconnected(request_id="a"))
+    h.advance(9.0)
+    h.send(ClientAttached(request_id="a"))  # a retry attached in time
+    h.advance(20.0)
+    assert h.commands(Abort) == []
+    h.send(ClientDisconnected(request_id="a"))
+    h.send(ClientDisconnected(request_id="q"))  # queued: dropped without an abort
+    out = h.advance(10.0)
+    assert of(out, Abort) == [Abort(request_id="a", engine_id="e1", reason=AbortReason.CLIENT_GONE)]
+    assert of(out, Fail) == [] and of(out, Complete) == []  # nobody to answer
+    stats = h.gw.stats()
+    assert (stats.client_gone, stats.live_requests, stats.in_flight) == (2, 0, 0)
+
+
+def test_zero_grace_aborts_at_once_and_wallclock_ignores_disconnects() -> None:
+    h = Harness(GatewayCoreConfig(retry_grace_s=0.0))
+    h.engines(e1=1)
+    h.arrive("a")
+    assert of(h.send(ClientDisconnected(request_id="a")), Abort)[0].reason is AbortReason.CLIENT_GONE
+    w = Harness(GatewayCoreConfig(clock_mode=ClockMode.WALLCLOCK, retry_grace_s=0.0))
+    w.engines(e1=1)
+    w.arrive("a")
+    assert w.send(ClientDisconnected(request_id="a")) == []
+    w.advance(100.0)
+    assert w.gw.stats().live_requests == 1
+
+
+def test_late_and_unknown_events_are_ignored() -> None:
+    h = Harness()
+    h.engines(e1=1, e2=1)
+    h.arrive("a")
+    h.finish("a")
+    for event in (
+        ProgressReported(request_id="a"),
+        UpstreamFinished(request_id="a"),
+        UpstreamFailed(request_id="a", reason="late"),
+        ClientDisconnected(request_id="a"),
+        ClientAttached(request_id="a"),
+        ProgressReported(request_id="never"),
+        EngineHealthChecked(engine_id="never", healthy=True),
+        EngineLeft(engine_id="never"),
+    ):
+        assert h.send(event) == []
+    h.arrive("b")  # e1
+    h.send(UpstreamFailed(request_id="b", reason="reset"))  # re-dispatched to e2 as attempt 2
+    assert h.send(ProgressReported(request_id="b", attempt=1)) == []  # the old attempt's late token
+    assert h.send(UpstreamFinished(request_id="b", attempt=1)) == []
+    assert h.gw.timing("b", h.now).tokens == 0
+    assert of(h.send(UpstreamFinished(request_id="b", attempt=2)), Complete)
+
+
+def test_duplicate_live_request_id_raises() -> None:
+    h = Harness()
+    h.arrive("a")
+    with pytest.raises(ValueError):
+        h.arrive("a")
+
+
+def test_no_state_leaks_after_a_busy_run() -> None:
+    h = Harness(GatewayCoreConfig(retry_grace_s=1.0))
+    h.engines(e1=2, e2=2)
+    for i in range(40):
+        h.arrive(
+            f"r{i}",
+            routing_key=f"s{i % 5}",
+            prompt_tokens=5000 * (i % 3),
+            queue_timeout_s=50.0,
+            max_wall_s=80.0,
+        )
+    h.send(ClientDisconnected(request_id="r39"))
+    for step in range(60):
+        running = [rid for rid in list(h.engine_of) if rid in h.gw._requests and h.gw._requests[rid].engine]
+        h.advance(1.0, dict.fromkeys(running, 0.5))
+        if running and step % 2 == 0:
+            h.finish(running[0])
+    h.advance(200.0)
+    stats = h.gw.stats()
+    assert (stats.live_requests, stats.queued, stats.in_flight, stats.pending_timers) == (0, 0, 0, 0)
+    assert all(e.in_flight == 0 and e.prefill_tokens == 0 and e.large_prefills == 0 for e in stats.engines)
+    ended = {c.request_id for c in h.commands(Complete)} | {c.request_id for c in h.commands(Fail)}
+    assert len(ended) + stats.client_gone == 40
+    assert h.gw.next_deadline() == math.inf
+
+
+def test_stats_and_repr() -> None:
+    h = Harness()
+    h.engines(e1=1)
+    h.arrive("a")
+    h.arrive("b")
+    assert repr(h.gw) == "<Gateway engine-clock [1 queued, 1 in flight on 1/1 engines, gate open]>"
+    h.send(GateClosed())
+    assert "gate closed (drain)" in repr(h.gw)
+    stats = h.gw.stats()
+    assert stats.gate == "drain" and stats.in_flight_by_engine() == {"e1": 1} and stats.arrived == 2
+    assert stats.timeouts == 0 and stats.clock_mode == "engine"

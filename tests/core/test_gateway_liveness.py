@@ -1,0 +1,157 @@
+"""Stalls: slow progress is never killed, a frozen engine is caught within stall_timeout, a request stuck alone
+is retried once elsewhere, and a long prefill is not mistaken for a hang."""
+
+from __future__ import annotations
+
+import pytest
+
+from rolloutgate.core.commands import Abort, AbortReason, Dispatch, Fail, FailReason, MarkEngine
+from rolloutgate.core.config import GatewayCoreConfig
+from rolloutgate.core.events import EngineHealthChecked
+from tests.core.helpers import Harness, of
+
+
+def test_slow_but_progressing_request_is_never_killed() -> None:
+    h = Harness()
+    h.engines(e1=2)
+    h.arrive("a", timeout_s=600.0, stall_timeout_s=10.0)
+    h.advance(590.0, {"a": 9.9})  # one token every 9.9 s, for almost 10 minutes
+    h.finish("a")
+    assert h.commands(Abort) == [] and h.commands(Fail) == [] and h.commands(MarkEngine) == []
+
+
+def test_frozen_engine_is_detected_within_stall_timeout_and_work_moves() -> None:
+    h = Harness()
+    h.engines(e1=2, e2=2)
+    h.arrive("a", stall_timeout_s=30.0)
+    h.arrive("b", stall_timeout_s=30.0)
+    h.arrive("c", stall_timeout_s=30.0)  # least outstanding: a, c on e1 and b on e2
+    assert (h.engine_of["a"], h.engine_of["b"], h.engine_of["c"]) == ("e1", "e2", "e1")
+    h.advance(50.0, {"a": 1.0, "b": 1.0, "c": 1.0})
+    frozen_at = h.now
+    out = h.advance(40.0, {"b": 1.0})  # e1 freezes: no progress from a or c
+    [mark] = of(out, MarkEngine)
+    detected_at = next(t for t, c in h.log if c is mark)
+    assert mark.engine_id == "e1" and mark.state == "quarantined"
+    assert detected_at - frozen_at == pytest.approx(30.0)  # within stall_timeout (+0%)
+    assert [(a.request_id, a.engine_id, a.reason) for a in of(out, Abort)] == [
+        ("a", "e1", AbortReason.ENGINE_HUNG),
+        ("c", "e1", AbortReason.ENGINE_HUNG),
+    ]
+    assert [(d.request_id, d.engine_id, d.attempt) for d in of(out, Dispatch)] == [("a", "e2", 2)]
+    assert h.gw.stats().queued == 1  # c waits for a slot: e1 gets nothing while quarantined
+    h.finish("b")
+    assert h.engine_of["c"] == "e2"
+    out = h.send(EngineHealthChecked(engine_id="e1", healthy=False))
+    assert out == [] and h.gw.stats().engines[0].state == "quarantined"
+    out = h.send(EngineHealthChecked(engine_id="e1", healthy=True))
+    assert of(out, MarkEngine) == [MarkEngine(engine_id="e1", state="healthy", detail="health check passed")]
+
+
+def test_engine_stall_window_starts_when_it_became_busy() -> None:
+    h = Harness()
+    h.engines(e1=1)
+    h.advance(1000.0)  # idle for a long time
+    h.arrive("a", stall_timeout_s=20.0)
+    h.advance(19.9)
+    assert h.commands(MarkEngine) == []
+    h.advance(0.1)
+    assert [m.state for m in h.commands(MarkEngine)] == ["quarantined"]
+
+
+def test_a_long_prefill_is_not_a_hang_but_a_frozen_prefill_is_caught() -> None:
+    h = Harness()
+    h.engines(e1=4)
+    h.arrive("a", stall_timeout_s=60.0)
+    h.advance(10.0, {"a": 1.0})
+    h.arrive("big", prompt_tokens=100_000, stall_timeout_s=60.0)
+    h.advance(75.0)  # prefill-first: the engine shows nothing at all for 75 s (> stall_timeout)
+    assert h.commands(MarkEngine) == [] and h.commands(Abort) == []
+    h.progress("big")
+    h.advance(5.0, {"a": 1.0, "big": 1.0})
+    # now an engine that freezes during a prefill is still caught: window = 60 s + 100K / 2000 tok/s = 110 s
+    h.arrive("big2", prompt_tokens=100_000, stall_timeout_s=60.0)
+    frozen_at = h.now
+    h.advance(200.0)
+    [mark] = h.commands(MarkEngine)
+    assert next(t for t, c in h.log if c is mark) - frozen_at == pytest.approx(110.0)
+
+
+def test_request_stuck_alone_is_retried_once_elsewhere_then_fails() -> None:
+    h = Harness()
+    h.engines(e1=2, e2=2)
+    h.arrive("a", stall_timeout_s=30.0)
+    h.arrive("b")
+    h.arrive("c")
+    assert (h.engine_of["a"], h.engine_of["b"], h.engine_of["c"]) == ("e1", "e2", "e1")
+    h.advance(20.0, {"a": 1.0, "b": 1.0, "c": 1.0})
+    out = h.advance(40.0, {"b": 1.0, "c": 1.0})  # a stops; c on the same engine keeps going
+    assert [(x.request_id, x.engine_id, x.reason) for x in of(out, Abort)] == [("a", "e1", AbortReason.STUCK)]
+    [d] = of(out, Dispatch)
+    assert (d.request_id, d.engine_id, d.attempt) == ("a", "e2", 2)
+    assert h.commands(MarkEngine) == []  # the engine is fine
+    out = h.advance(40.0, {"b": 1.0, "c": 1.0})  # stuck again on e2 while b progresses there
+    assert [(x.request_id, x.engine_id, x.reason) for x in of(out, Abort)] == [("a", "e2", AbortReason.STUCK)]
+    [fail] = of(out, Fail)
+    assert fail.reason is FailReason.STALL and fail.timing.attempts == 2
+
+
+def test_stuck_is_not_judged_while_the_engine_prefills_others() -> None:
+    h = Harness()
+    h.engines(e1=4)
+    h.arrive("a", stall_timeout_s=30.0)
+    h.arrive("c")
+    h.advance(20.0, {"a": 1.0, "c": 1.0})
+    last_a = h.now
+    h.advance(5.0, {"c": 1.0})  # a silent for 5 s of charged time
+    h.arrive("big", prompt_tokens=100_000)
+    h.advance(35.0, {"c": 1.0})  # big prefills: contention, a's stall window is frozen
+    assert h.commands(Abort) == []
+    h.progress("big")
+    out = h.advance(30.0, {"c": 1.0, "big": 1.0})
+    [abort] = of(out, Abort)
+    stuck_at = next(t for t, c in h.log if c is abort)
+    assert abort.reason is AbortReason.STUCK and stuck_at - last_a == pytest.approx(30.0 + 35.0)
+
+
+def test_a_lone_silent_request_is_an_engine_hang_not_stuck() -> None:
+    h = Harness()
+    h.engines(e1=1, e2=1)
+    h.arrive("a", stall_timeout_s=30.0)
+    h.advance(10.0, {"a": 1.0})
+    out = h.advance(30.0)
+    assert [m.state for m in of(out, MarkEngine)] == ["quarantined"]
+    assert [x.reason for x in of(out, Abort)] == [AbortReason.ENGINE_HUNG]
+    assert h.engine_of["a"] == "e2"
+
+
+def test_hung_engine_with_attempts_exhausted_fails_the_request() -> None:
+    h = Harness(GatewayCoreConfig(max_attempts=1))
+    h.engines(e1=1, e2=1)
+    h.arrive("a", stall_timeout_s=10.0)
+    out = h.advance(10.0)
+    assert [x.reason for x in of(out, Abort)] == [AbortReason.ENGINE_HUNG]
+    [fail] = of(out, Fail)
+    assert fail.reason is FailReason.ATTEMPTS_EXHAUSTED
+
+
+def test_pool_level_engine_stall_timeout() -> None:
+    h = Harness(GatewayCoreConfig(engine_stall_timeout_s=15.0))
+    h.engines(e1=1)
+    h.arrive("a", stall_timeout_s=60.0)
+    out = h.advance(15.0)
+    assert [m.state for m in of(out, MarkEngine)] == ["quarantined"]
+
+
+def test_requests_pinned_to_a_hung_engine_fail() -> None:
+    h = Harness()
+    h.engines(e1=1, e2=1)
+    h.arrive("a", pinned_engine="e1", stall_timeout_s=10.0)
+    h.arrive("b", pinned_engine="e1")
+    out = h.advance(10.0)
+    assert [x.reason for x in of(out, Abort)] == [AbortReason.ENGINE_HUNG]
+    assert {f.request_id: f.reason for f in of(out, Fail)} == {
+        "a": FailReason.NO_ENGINE,
+        "b": FailReason.NO_ENGINE,
+    }
+    assert h.gw.stats().live_requests == 0

@@ -1,0 +1,217 @@
+"""Property tests: random event sequences against the core's invariants.
+
+Invariants checked after every step: in flight <= capacity (engine mode) and the engine's books agree with its
+requests; nothing is dispatched while the gate is closed or to an engine that cannot take work; every request
+ends at most once and its record is freed; every timing adds up (wall = queue + paused + contention + charged,
+charged <= dispatched); no request is ever charged past its timeout or queued past its queue timeout (deadlines
+fire exactly). After a final drain every request has ended exactly once (or was forgotten after its client
+left) and no state is left.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rolloutgate.core.commands import Abort, Complete, Dispatch, Fail
+from rolloutgate.core.config import GatewayCoreConfig
+from rolloutgate.core.events import (
+    ClientAttached,
+    ClientDisconnected,
+    ClockMode,
+    EngineHealthChecked,
+    EngineJoined,
+    EngineLeft,
+    EnginePaused,
+    EngineResumed,
+    GateClosed,
+    GateOpened,
+    PauseMode,
+    ProgressReported,
+    RequestArrived,
+    RequestLimits,
+    UpstreamFailed,
+    UpstreamFinished,
+)
+from rolloutgate.core.timing import TimingBreakdown
+from tests.core.helpers import Harness
+
+ENGINES = ("e1", "e2", "e3")
+EPS = 1e-6
+
+limits = st.builds(
+    RequestLimits,
+    timeout_s=st.sampled_from([5.0, 20.0, 100.0]),
+    stall_timeout_s=st.sampled_from([3.0, 10.0, 50.0]),
+    queue_timeout_s=st.sampled_from([math.inf, 15.0]),
+    max_wall_s=st.sampled_from([math.inf, 60.0]),
+)
+rid = st.integers(0, 11).map(lambda i: f"r{i}")
+engine = st.sampled_from(ENGINES)
+op = st.one_of(
+    st.tuples(
+        st.just("arrive"),
+        rid,
+        limits,
+        st.sampled_from([0, 1000, 5000, 100_000]),
+        st.sampled_from([None, "s0", "s1"]),
+        st.integers(0, 2),
+        st.booleans(),
+        st.sampled_from([None, None, None, "e1"]),
+    ),
+    st.tuples(st.just("progress"), rid, st.integers(0, 3)),
+    st.tuples(st.just("finish"), rid),
+    st.tuples(st.just("upstream_failed"), rid, st.booleans(), st.booleans()),
+    st.tuples(st.just("disconnect"), rid),
+    st.tuples(st.just("attach"), rid),
+    st.tuples(st.just("join"), engine, st.integers(1, 3), st.sampled_from([math.inf, 6000.0]), st.booleans()),
+    st.tuples(st.just("leave"), engine),
+    st.tuples(st.just("health"), engine, st.booleans()),
+    st.tuples(st.just("pause"), engine),
+    st.tuples(st.just("resume"), engine),
+    st.tuples(st.just("gate_close"), st.sampled_from(list(PauseMode))),
+    st.tuples(st.just("gate_open")),
+    st.tuples(st.just("advance"), st.sampled_from([0.5, 2.0, 7.0, 25.0]), st.lists(rid, max_size=6)),
+)
+
+
+class Checker:
+    def __init__(self, mode: ClockMode) -> None:
+        self.h = Harness(GatewayCoreConfig(clock_mode=mode, retry_grace_s=2.0, no_engine_grace_s=20.0))
+        self.mode = mode
+        self.arrived: set[str] = set()
+        self.ended: Counter[str] = Counter()
+        self.limits: dict[str, RequestLimits] = {}
+        self.last_engine: dict[str, str] = {}
+        self.capacity: dict[str, int] = {}
+
+    def apply(self, step: tuple[Any, ...]) -> None:
+        h, kind = self.h, step[0]
+        gate_was_closed = h.gw._gate.is_closed
+        if kind == "arrive":
+            _, r, lim, tokens, key, prio, streaming, pinned = step
+            if r in h.gw._requests or r in self.arrived:
+                return
+            self.arrived.add(r)
+            self.limits[r] = lim
+            out = h.send(
+                RequestArrived(
+                    request_id=r,
+                    limits=lim,
+                    prompt_tokens=tokens,
+                    routing_key=key,
+                    priority=prio,
+                    streaming=streaming,
+                    pinned_engine=pinned,
+                )
+            )
+        elif kind == "progress":
+            out = h.send(ProgressReported(request_id=step[1], tokens=step[2]))
+        elif kind == "finish":
+            out = h.send(UpstreamFinished(request_id=step[1]))
+        elif kind == "upstream_failed":
+            out = h.send(
+                UpstreamFailed(request_id=step[1], reason="x", retryable=step[2], engine_unreachable=step[3])
+            )
+        elif kind == "disconnect":
+            out = h.send(ClientDisconnected(request_id=step[1]))
+        elif kind == "attach":
+            out = h.send(ClientAttached(request_id=step[1]))
+        elif kind == "join":
+            _, e, cap, budget, healthy = step
+            cap = self.capacity.setdefault(e, cap)  # re-joins keep their capacity
+            out = h.send(
+                EngineJoined(engine_id=e, capacity=cap, prefill_token_budget=budget, healthy=healthy)
+            )
+        elif kind == "leave":
+            out = h.send(EngineLeft(engine_id=step[1]))
+        elif kind == "health":
+            out = h.send(EngineHealthChecked(engine_id=step[1], healthy=step[2]))
+        elif kind == "pause":
+            out = h.send(EnginePaused(engine_id=step[1]))
+        elif kind == "resume":
+            out = h.send(EngineResumed(engine_id=step[1]))
+        elif kind == "gate_close":
+            out = h.send(GateClosed(mode=step[1]))
+        elif kind == "gate_open":
+            out = h.send(GateOpened())
+        else:
+            _, dt, streams = step
+            out = h.advance(dt, dict.fromkeys(streams, dt / 3))
+        self.check(out, gate_was_closed and kind != "gate_open")
+
+    def check(self, out: list[Any], gate_closed: bool) -> None:
+        gw = self.h.gw
+        for c in out:
+            if isinstance(c, Dispatch):
+                assert not gate_closed, "dispatch while the gate is closed"
+                assert c.engine_id in gw._engines
+                self.last_engine[c.request_id] = c.engine_id
+            elif isinstance(c, Abort):
+                assert self.last_engine[c.request_id] == c.engine_id
+            elif isinstance(c, (Complete, Fail)):
+                self.ended[c.request_id] += 1
+                assert self.ended[c.request_id] == 1, f"{c.request_id} ended twice"
+                assert c.request_id not in gw._requests
+                if c.request_id in self.limits:
+                    self.check_timing(c.timing, self.limits[c.request_id])
+        for e in gw._engines.values():
+            assert e.slots.in_flight == len(e.requests)
+            if self.mode is ClockMode.ENGINE:
+                assert e.slots.in_flight <= e.slots.capacity
+            assert e.slots.prefill_tokens == sum(
+                r.uncached_tokens for r in e.requests.values() if r.is_in_prefill
+            )
+            assert e.meter.large_prefills == sum(r.is_large_prefill for r in e.requests.values())
+            assert e.liveness.large_prefill_tokens >= 0
+        now = self.h.now
+        for r in gw._requests.values():
+            self.check_timing(gw.timing(r.request_id, now), r.limits)
+            assert (r.engine is None) == (r.request_id in gw._queue)
+
+    def check_timing(self, t: TimingBreakdown, lim: RequestLimits) -> None:
+        assert min(t.queue_s, t.paused_s, t.contention_s, t.charged_s, t.dispatched_s) >= -EPS
+        assert t.charged_s <= t.dispatched_s + EPS
+        assert abs(t.wall_s - (t.queue_s + t.paused_s + t.contention_s + t.charged_s)) < 1e-6
+        if self.mode is ClockMode.ENGINE:
+            assert t.charged_s <= lim.timeout_s + EPS
+        else:
+            assert t.wall_s <= lim.timeout_s + EPS
+        assert t.queue_s <= lim.queue_timeout_s + EPS
+        assert t.wall_s <= lim.max_wall_s + EPS
+
+    def drain(self) -> None:
+        h = self.h
+        self.apply(("gate_open",))
+        for e in ENGINES:
+            self.apply(("join", e, 2, math.inf, True))
+            self.apply(("health", e, True))
+            self.apply(("resume", e))
+        for _ in range(300):
+            if not h.gw._requests:
+                break
+            for e in ENGINES:
+                self.apply(("health", e, True))
+            for r in [r for r in list(h.gw._requests.values()) if r.engine is not None]:
+                self.apply(("finish", r.request_id))
+            self.apply(("advance", 7.0, []))
+        stats = h.gw.stats()
+        assert (stats.live_requests, stats.queued, stats.in_flight, stats.pending_timers) == (0, 0, 0, 0)
+        assert set(self.ended) | set() <= self.arrived
+        assert len(self.ended) + stats.client_gone == len(self.arrived)
+        assert all(n == 1 for n in self.ended.values())
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mode=st.sampled_from(list(ClockMode)), steps=st.lists(op, max_size=50))
+def test_random_event_sequences_keep_the_invariants(mode: ClockMode, steps: list[tuple[Any, ...]]) -> None:
+    checker = Checker(mode)
+    for e in ENGINES[:2]:
+        checker.apply(("join", e, 2, math.inf, True))
+    for step in steps:
+        checker.apply(step)
+    checker.drain()

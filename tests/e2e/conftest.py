@@ -1,0 +1,90 @@
+"""Fixtures of the end-to-end suite: the engines (real vLLM or the simulator), gateways in front of them, and a
+check before every test that the engines are idle and unpaused (so one test's leftovers never pass for the
+next one's effect)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.e2e.harness import BACKEND, EngineSet, Gateway, Metrics, start_gateway, start_sim
+
+# LiteLLM tries to download a price map at import without this; the machine has no internet.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+MakeGateway = Callable[..., Gateway]
+IDLE_TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="session")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Gateway and simulator logs: under E2E_LOG_DIR (make test-e2e: .e2e/) or a pytest temp folder."""
+    configured = os.environ.get("E2E_LOG_DIR")
+    return Path(configured) / "logs" if configured else tmp_path_factory.mktemp("e2e-logs")
+
+
+@pytest.fixture(scope="session")
+def engines(log_dir: Path) -> Iterator[EngineSet]:
+    if BACKEND == "vllm":
+        urls = tuple(u.rstrip("/") for u in os.environ.get("E2E_ENGINE_URLS", "").split(",") if u)
+        if not urls:
+            raise pytest.UsageError("E2E_BACKEND=vllm needs E2E_ENGINE_URLS (make test-e2e sets it)")
+        model = httpx.get(urls[0] + "/v1/models", timeout=10.0).json()["data"][0]
+        yield EngineSet(
+            backend="vllm",
+            urls=urls,
+            model=model["id"],
+            max_num_seqs=int(os.environ.get("E2E_MAX_NUM_SEQS", "4")),
+            max_model_len=int(model.get("max_model_len") or 2048),
+        )
+    elif BACKEND == "sim":
+        process, engine_set = start_sim(
+            log_dir,
+            engines=2,
+            max_num_seqs=int(os.environ.get("E2E_MAX_NUM_SEQS", "4")),
+            time_scale=float(os.environ.get("E2E_SIM_TIME_SCALE", "3")),
+        )
+        try:
+            yield engine_set
+        finally:
+            process.stop()
+    else:
+        raise pytest.UsageError(f"E2E_BACKEND must be 'vllm' or 'sim', not {BACKEND!r}")
+
+
+@pytest.fixture(scope="session")
+def gateways(engines: EngineSet, log_dir: Path) -> Iterator[MakeGateway]:
+    """`gateways(timeout=2, retry_grace=1)`: a gateway with these flags, started once per session."""
+    started: dict[tuple[tuple[str, str], ...], Gateway] = {}
+
+    def get(**flags: object) -> Gateway:
+        key = tuple(sorted((k, str(v)) for k, v in flags.items()))
+        gateway = started.get(key)
+        if gateway is None or not gateway.process.is_alive():
+            gateway = started[key] = start_gateway(engines, log_dir, flags)
+        return gateway
+
+    yield get
+    for gateway in started.values():
+        gateway.process.stop()
+
+
+@pytest.fixture(autouse=True)
+def engines_idle(engines: EngineSet) -> None:
+    """Before each test: no engine paused, nothing running or waiting on any engine."""
+    with httpx.Client(timeout=30.0) as client:
+        for url in engines.urls:
+            if client.get(url + "/is_paused").json().get("is_paused"):
+                client.post(url + "/resume").raise_for_status()
+        deadline = time.monotonic() + IDLE_TIMEOUT_S
+        while True:
+            seen = [Metrics.parse(u, client.get(u + "/metrics").text, time.monotonic()) for u in engines.urls]
+            if all(m.running == 0 and m.waiting == 0 for m in seen):
+                return
+            if time.monotonic() > deadline:
+                pytest.fail(f"engines still busy {IDLE_TIMEOUT_S} s after the previous test: {seen}")
+            time.sleep(0.25)

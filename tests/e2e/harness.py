@@ -1,0 +1,354 @@
+"""Backends, processes and probes for the end-to-end suite (docs/e2e.md).
+
+The same client-side test code runs against two backends, chosen by `E2E_BACKEND`:
+
+- `vllm`: real vLLM engines started by `scripts/e2e_run.sh` (`make test-e2e`), named by `E2E_ENGINE_URLS`;
+- `sim` (the default): the simulator in `--api vllm` mode, started here as a subprocess.
+
+Either way the gateway runs as a subprocess (`rolloutgate serve`), exactly as an operator runs it, and every
+check of what an engine did reads the engine itself (its `/metrics`, `/is_paused`, `/weight_info`), never the
+gateway's own account. Processes are started in their own process group and stopped by PID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+__all__ = (
+    "BACKEND",
+    "EngineSet",
+    "Gateway",
+    "ManagedProcess",
+    "Metrics",
+    "MetricsMonitor",
+    "free_port",
+    "scrape",
+    "scrape_all",
+    "start_gateway",
+    "start_sim",
+    "wait_for",
+)
+
+BACKEND = os.environ.get("E2E_BACKEND", "sim")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineSet:
+    """The engines a test session runs against."""
+
+    backend: str  # "vllm" or "sim"
+    urls: tuple[str, ...]
+    model: str  # the served model name
+    max_num_seqs: int  # requests each engine runs at once (vLLM --max-num-seqs)
+    max_model_len: int
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ManagedProcess:
+    """A subprocess in its own process group, its output in a log file, stopped by PID (the whole group)."""
+
+    def __init__(
+        self, name: str, argv: list[str], log_path: Path, env: Mapping[str, str] | None = None
+    ) -> None:
+        self.name = name
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = log_path.open("wb")
+        self.popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            cwd=REPO_ROOT,
+            start_new_session=True,  # own group: stopping it stops its children too
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        if self.is_alive():
+            self._signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                self.popen.wait(timeout=grace_s)
+        self._log.close()
+
+    def _signal(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, sig)  # the group is led by our child, whose PID we hold
+
+
+def _wait_sync(what: str, check: Callable[[], bool], timeout_s: float, process: ManagedProcess) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if not process.is_alive():
+            raise RuntimeError(f"{what}: process exited ({process.popen.returncode}):\n{process.log_tail()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not ready after {timeout_s} s:\n{process.log_tail()}")
+        time.sleep(0.2)
+
+
+def _get_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def start_sim(
+    log_dir: Path, *, engines: int, max_num_seqs: int, time_scale: float
+) -> tuple[ManagedProcess, EngineSet]:
+    """`rolloutgate sim --api vllm` on consecutive free ports (retried if a port was taken meanwhile)."""
+    for _ in range(3):
+        base = free_port()
+        if base + engines > 65_000:
+            continue
+        argv = [
+            sys.executable, "-m", "rolloutgate", "sim",
+            "--engines", str(engines), "--base-port", str(base), "--api", "vllm",
+            "--profile", "default", "--time-scale", str(time_scale),
+            "--max-running-requests", str(max_num_seqs),
+        ]  # fmt: skip
+        process = ManagedProcess("sim", argv, log_dir / "sim.log")
+        urls = tuple(f"http://127.0.0.1:{base + i}" for i in range(engines))
+        try:
+            _wait_sync(
+                "simulator", lambda urls=urls: all(_get_ok(u + "/health") for u in urls), 30.0, process
+            )
+        except RuntimeError:
+            process.stop()
+            continue
+        model = httpx.get(urls[0] + "/v1/models", timeout=5.0).json()["data"][0]["id"]
+        return process, EngineSet(
+            backend="sim", urls=urls, model=model, max_num_seqs=max_num_seqs, max_model_len=32_768
+        )
+    raise RuntimeError("could not start the simulator on free ports")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Gateway:
+    url: str
+    process: ManagedProcess
+    flags: tuple[tuple[str, str], ...]
+
+    @property
+    def v1(self) -> str:
+        return self.url + "/v1"
+
+
+_SERVING = re.compile(r"rolloutgate serving on (http://\S+)")
+
+
+def start_gateway(engines: EngineSet, log_dir: Path, flags: Mapping[str, object]) -> Gateway:
+    """`rolloutgate serve` in front of the engines on a free port; ready once /health answers 200 and
+    /workers lists every engine."""
+    argv = [sys.executable, "-m", "rolloutgate", "serve", "--host", "127.0.0.1", "--port", "0"]
+    for url in engines.urls:
+        argv += ["--engine", url]
+    items = tuple(sorted((k, str(v)) for k, v in flags.items()))
+    for key, value in items:
+        argv += [f"--{key.replace('_', '-')}", value]
+    name = "gateway-" + "-".join(f"{k}{v}" for k, v in items) if items else "gateway"
+    process = ManagedProcess(name, argv, log_dir / f"{name}.log")
+    found: list[str] = []
+
+    def ready() -> bool:
+        if not found:
+            match = _SERVING.search(process.log_path.read_text(errors="replace"))
+            if not match:
+                return False
+            found.append(match.group(1).rstrip("/"))
+        try:
+            if httpx.get(found[0] + "/health", timeout=2.0).status_code != 200:
+                return False
+            workers = httpx.get(found[0] + "/workers", timeout=2.0).text
+        except httpx.HTTPError:
+            return False
+        return all(url in workers for url in engines.urls)
+
+    _wait_sync("gateway", ready, 60.0, process)
+    return Gateway(url=found[0], process=process, flags=items)
+
+
+# ---- Prometheus text, read from the engines themselves -------------------------------------------------
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, repr=False)
+class Metrics:
+    """One scrape of one engine's /metrics."""
+
+    url: str
+    at: float  # time.monotonic() when the answer arrived
+    samples: tuple[tuple[str, tuple[tuple[str, str], ...], float], ...]
+
+    @classmethod
+    def parse(cls, url: str, text: str, at: float) -> Metrics:
+        samples = []
+        for line in text.splitlines():
+            match = _SAMPLE.match(line)
+            if match is None or line.startswith("#"):
+                continue
+            labels = tuple(sorted(_LABEL.findall(match.group(3) or "")))
+            samples.append((match.group(1), labels, float(match.group(4))))
+        return cls(url=url, at=at, samples=tuple(samples))
+
+    def __repr__(self) -> str:
+        return (
+            f"<Metrics {self.url} running={self.running} waiting={self.waiting} generated={self.generated}>"
+        )
+
+    def names(self) -> set[str]:
+        return {name for name, _, _ in self.samples}
+
+    def value(self, name: str, **labels: str) -> float:
+        """Sum of the samples called `name` whose labels include `labels`; NaN if there is none."""
+        wanted = set(labels.items())
+        values = [v for n, ls, v in self.samples if n == name and wanted <= set(ls)]
+        return sum(values) if values else math.nan
+
+    @property
+    def running(self) -> float:
+        return self.value("vllm:num_requests_running")
+
+    @property
+    def waiting(self) -> float:
+        return self.value("vllm:num_requests_waiting")
+
+    @property
+    def generated(self) -> float:
+        return self.value("vllm:generation_tokens_total")
+
+    def finished(self, **labels: str) -> float:
+        return self.value("vllm:request_success_total", **labels)
+
+    def queued_over(self, seconds: float) -> float:
+        """Requests that waited in the engine's own queue longer than `seconds` (a bucket bound of
+        `vllm:request_queue_time_seconds`), ever. Unlike the waiting gauge this is exact after the fact."""
+        name = "vllm:request_queue_time_seconds"
+        for sample, labels, value in self.samples:
+            le = dict(labels).get("le")
+            if sample == name + "_bucket" and le not in (None, "+Inf") and float(le) == seconds:
+                return self.value(name + "_count") - value
+        raise AssertionError(f"{self.url}: no {name} bucket at {seconds} s")
+
+
+async def scrape(url: str) -> Metrics:
+    # A fresh connection every time: a pooled one can meet uvicorn closing it, and a scrape must not fail.
+    async with httpx.AsyncClient(timeout=30.0) as client:
+        response = await client.get(url + "/metrics")
+        response.raise_for_status()
+        return Metrics.parse(url, response.text, time.monotonic())
+
+
+async def scrape_all(urls: Iterable[str]) -> dict[str, Metrics]:
+    results = await asyncio.gather(*(scrape(u) for u in urls))
+    return {m.url: m for m in results}
+
+
+@dataclass(eq=False)
+class MetricsMonitor:
+    """Scrapes every engine in a loop while a test runs, keeping every sample.
+
+    On this 2-core machine a scrape can take seconds while the engines generate (their API server competes
+    for the CPU), so a monitor sees fewer samples under load; checks use what it saw, never a count of
+    samples."""
+
+    urls: tuple[str, ...]
+    interval_s: float = 0.2
+    samples: list[Metrics] = field(default_factory=list)
+    _task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> MetricsMonitor:
+        self.samples.extend((await scrape_all(self.urls)).values())
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self.samples.extend((await scrape_all(self.urls)).values())
+
+    async def _run(self) -> None:
+        while True:
+            for url in self.urls:
+                with contextlib.suppress(httpx.HTTPError):  # a dropped scrape is a missing sample
+                    self.samples.append(await scrape(url))
+            await asyncio.sleep(self.interval_s)
+
+    def of(self, url: str) -> list[Metrics]:
+        return [m for m in self.samples if m.url == url]
+
+    def max(self, attribute: str, url: str | None = None) -> float:
+        chosen = self.samples if url is None else self.of(url)
+        return max(getattr(m, attribute) for m in chosen)
+
+
+async def wait_for(
+    what: str,
+    probe: Callable[[], Awaitable[T]],
+    accept: Callable[[T], bool],
+    timeout_s: float,
+    every_s: float = 0.2,
+) -> T:
+    """Poll `probe` until `accept` holds; fail with the last value seen after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await probe()
+        if accept(value):
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout_s} s; last seen {value!r}")
+        await asyncio.sleep(every_s)
+
+
+def json_find(value: Any, key: str) -> list[Any]:
+    """Every value stored under `key` anywhere in a JSON document."""
+    found: list[Any] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k == key:
+                found.append(v)
+            found.extend(json_find(v, key))
+    elif isinstance(value, list):
+        for item in value:
+            found.extend(json_find(item, key))
+    return found

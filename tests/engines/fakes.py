@@ -1,0 +1,310 @@
+"""Small fake upstreams over real loopback HTTP, serving the shapes recorded in reference/engines.md.
+
+`FakeEngine` records every request and answers from handlers the test installs with `on(method, path, ...)`.
+The shape builders render what SGLang 0.5.23 and vLLM 0.33 send (field sets and order from their protocol
+models): SGLang `/generate` cumulative chunks, SGLang and vLLM chat and completion chunks, usage frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: Mapping[str, str]  # case-insensitive, as HTTP headers are
+    body: Any
+
+
+@dataclass
+class FakeEngine:
+    """An aiohttp server on 127.0.0.1:<ephemeral> answering from installed handlers (404 otherwise)."""
+
+    handlers: dict[tuple[str, str], Handler] = field(default_factory=dict)
+    requests: list[Recorded] = field(default_factory=list)
+    disconnects: list[str] = field(default_factory=list)  # paths whose client went away mid-answer
+    url: str = ""
+    _runner: web.AppRunner | None = None
+
+    def on(self, method: str, path: str, handler: Handler) -> None:
+        self.handlers[(method, path)] = handler
+
+    def on_json(self, method: str, path: str, payload: Any, status: int = 200) -> None:
+        async def handler(_: web.Request) -> web.StreamResponse:
+            return json_reply(payload, status)
+
+        self.on(method, path, handler)
+
+    def on_sse(self, method: str, path: str, events: Sequence[bytes], **options: Any) -> None:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return await sse_reply(request, events, **options)
+
+        self.on(method, path, handler)
+
+    def last(self, path: str) -> Recorded:
+        return [r for r in self.requests if r.path == path][-1]
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._dispatch)
+        self._runner = web.AppRunner(app, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            body = raw
+        self.requests.append(
+            Recorded(request.method, request.path, dict(request.query), CIMultiDict(request.headers), body)
+        )
+        handler = self.handlers.get((request.method, request.path))
+        if handler is None:
+            return web.json_response({"detail": "Not Found"}, status=404)
+        try:
+            return await handler(request)
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.disconnects.append(request.path)
+            raise
+
+
+def json_reply(payload: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(payload), status=status, content_type="application/json")
+
+
+async def sse_reply(
+    request: web.Request,
+    events: Sequence[bytes],
+    *,
+    done: bool = True,
+    crlf: bool = False,
+    pieces: int = 1,
+    gap_s: float = 0.0,
+    reset_after: int | None = None,
+    comments: bool = False,
+    hold_s: float = 0.0,
+) -> web.StreamResponse:
+    """Stream `events` as SSE. `pieces`: split the whole body into that many TCP writes (splitting events
+    and line ends anywhere); `reset_after`: drop the connection after that many events; `hold_s`: wait
+    after the last event (before `[DONE]`), so a client can leave mid-stream."""
+    end = b"\r\n" if crlf else b"\n"
+    frames = [b"data: " + e + end + end for e in events]
+    if comments:
+        frames = [b": keep-alive" + end + end + f for f in frames]
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    if reset_after is not None:
+        for frame in frames[:reset_after]:
+            await response.write(frame)
+        await asyncio.sleep(0.01)
+        assert request.transport is not None
+        request.transport.abort()
+        return response
+    body = b"".join(frames) + (b"data: [DONE]" + end + end if done and not hold_s else b"")
+    size = max(1, -(-len(body) // pieces))
+    for start in range(0, len(body), size):
+        await response.write(body[start : start + size])
+        if gap_s:
+            await asyncio.sleep(gap_s)
+    if hold_s:
+        await asyncio.sleep(hold_s)
+        if done:
+            await response.write(b"data: [DONE]" + end + end)
+    await response.write_eof()
+    return response
+
+
+# -- recorded shapes ----------------------------------------------------------------------------------------
+
+
+def sglang_generate_chunks(
+    rid: str, tokens: Sequence[str], *, per_chunk: int = 1, index: int | None = None, finish: str = "length"
+) -> list[bytes]:
+    """Cumulative `/generate` chunks: the full text and ids so far, plus meta_info (reference A.1)."""
+    chunks = []
+    for end in [*range(per_chunk, len(tokens), per_chunk), len(tokens)]:
+        done = end == len(tokens)
+        meta: dict[str, Any] = {
+            "id": rid,
+            "finish_reason": ({"type": finish, "length": end} if finish == "length" else {"type": finish})
+            if done
+            else None,
+            "prompt_tokens": 7,
+            "weight_version": "default",
+            "num_retractions": 0,
+            "reasoning_tokens": 0,
+            "completion_tokens": end,
+            "cached_tokens": 0,
+        }
+        if done:
+            meta["e2e_latency"] = 0.5
+        chunk: dict[str, Any] = {
+            "text": "".join(tokens[:end]),
+            "output_ids": list(range(100, 100 + end)),
+            "meta_info": meta,
+        }
+        if index is not None:
+            chunk["index"] = index
+        chunks.append(orjson.dumps(chunk))
+    return chunks
+
+
+def sglang_chat_chunk(
+    rid: str, delta: dict[str, Any], *, finish: str | None = None, index: int = 0, logprobs: Any = None
+) -> bytes:
+    full_delta = {"role": None, "content": None, "reasoning_content": None, "tool_calls": None, **delta}
+    return orjson.dumps(
+        {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": 1700000000,
+            "model": "qwen",
+            "choices": [
+                {
+                    "index": index,
+                    "delta": full_delta,
+                    "logprobs": logprobs,
+                    "finish_reason": finish,
+                    "matched_stop": None if finish is None else 151645,
+                }
+            ],
+            "usage": None,
+        }
+    )
+
+
+def usage_frame(
+    rid: str, completion_tokens: int, *, obj: str = "chat.completion.chunk", prompt_tokens: int = 7
+) -> bytes:
+    return orjson.dumps(
+        {
+            "id": rid,
+            "object": obj,
+            "created": 1700000000,
+            "model": "qwen",
+            "choices": [],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+                "completion_tokens": completion_tokens,
+            },
+        }
+    )
+
+
+def sglang_chat_stream(rid: str, words: Sequence[str]) -> list[bytes]:
+    """Role chunk, one chunk per word, a finish chunk, a usage frame (reference A.2)."""
+    chunks = [sglang_chat_chunk(rid, {"role": "assistant", "content": ""})]
+    chunks += [sglang_chat_chunk(rid, {"content": w}) for w in words]
+    chunks.append(sglang_chat_chunk(rid, {}, finish="stop"))
+    chunks.append(usage_frame(rid, len(words)))
+    return chunks
+
+
+def vllm_chat_chunk(
+    rid: str, delta: dict[str, Any], *, finish: str | None = None, index: int = 0, **extra: Any
+) -> bytes:
+    choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+    if finish is not None:
+        choice["stop_reason"] = None
+    choice.update(extra)
+    return orjson.dumps(
+        {
+            "id": f"chatcmpl-{rid}",
+            "object": "chat.completion.chunk",
+            "created": 1700000000,
+            "model": "qwen",
+            "choices": [choice],
+        }
+    )
+
+
+def vllm_chat_stream(rid: str, words: Sequence[str], *, merged: int = 1) -> list[bytes]:
+    """vLLM's stream: role chunk, content chunks (`merged` words per chunk, as when the reader lags), the
+    last one with finish_reason, then the usage frame (reference C)."""
+    chunks = [vllm_chat_chunk(rid, {"role": "assistant", "content": ""})]
+    groups = ["".join(words[i : i + merged]) for i in range(0, len(words), merged)]
+    for position, text in enumerate(groups):
+        last = position == len(groups) - 1
+        chunks.append(vllm_chat_chunk(rid, {"content": text}, finish="stop" if last else None))
+    chunks.append(orjson.dumps({**orjson.loads(usage_frame(rid, len(words))), "id": f"chatcmpl-{rid}"}))
+    return chunks
+
+
+def completion_chunk(
+    rid: str, text: str, *, finish: str | None = None, logprobs: Any = None, **extra: Any
+) -> bytes:
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": text,
+        "logprobs": logprobs,
+        "finish_reason": finish,
+        **extra,
+    }
+    return orjson.dumps(
+        {
+            "id": rid,
+            "object": "text_completion",
+            "created": 1700000000,
+            "model": "qwen",
+            "choices": [choice],
+            "usage": None,
+        }
+    )
+
+
+def sglang_server_info(*, per_dp: Sequence[int] = (48,), max_running: int | None = None) -> dict[str, Any]:
+    return {
+        "model_path": "Qwen/Qwen3-8B",
+        "tp_size": 1,
+        "dp_size": len(per_dp),
+        "max_running_requests": max_running,
+        "chunked_prefill_size": 8192,
+        "weight_version": "v7",
+        "incremental_streaming_output": False,
+        "status": "ready",
+        "max_total_num_tokens": 500000,
+        "internal_states": [
+            {"effective_max_running_requests_per_dp": n, "last_gen_throughput": 0.0} for n in per_dp
+        ],
+        "version": "0.5.23",
+    }
+
+
+def models_answer(owner: str = "sglang", max_model_len: int = 32768) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": "qwen",
+                "object": "model",
+                "created": 1700000000,
+                "owned_by": owner,
+                "root": "qwen",
+                "parent": None,
+                "max_model_len": max_model_len,
+            }
+        ],
+    }

@@ -1,0 +1,210 @@
+"""Each adapter against the real simulator (rolloutgate.sim), both API flavours, over loopback HTTP.
+
+The simulator renders its own non-streaming answers; the assembler must rebuild them from the streams the
+adapters read, field for field (only `id` and `created` differ between two requests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from rolloutgate.engines.assemble import assemble
+from rolloutgate.engines.base import (
+    EngineClient,
+    EngineFamily,
+    Route,
+    UpstreamCall,
+    UpstreamError,
+    UpstreamEvent,
+)
+from rolloutgate.engines.detect import detect_family, make_client
+from rolloutgate.sim import SimCluster
+
+MODEL = "sim-model"
+# meta_info fields that depend on when a request ran, not on what it generated
+_TIMING = {"e2e_latency", "response_sent_to_client_ts", "id"}
+
+
+@pytest.fixture(params=["sglang", "vllm"])
+async def cluster(request: pytest.FixtureRequest) -> AsyncIterator[SimCluster]:
+    async with SimCluster(engines=1, api=request.param, profile="default", time_scale=20.0) as sim:
+        yield sim
+
+
+@pytest.fixture
+async def client(cluster: SimCluster, session: aiohttp.ClientSession) -> EngineClient:
+    family = await detect_family(session, cluster.urls[0])
+    assert family is {"sglang": EngineFamily.SGLANG, "vllm": EngineFamily.VLLM}[cluster.api]
+    return make_client(family, cluster.urls[0], session)
+
+
+def bodies(route: Route, max_tokens: int) -> dict[str, Any]:
+    if route is Route.CHAT:
+        return {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "tell me a story"}],
+            "max_tokens": max_tokens,
+        }
+    if route is Route.COMPLETIONS:
+        return {"model": MODEL, "prompt": "once upon a time", "max_tokens": max_tokens}
+    return {"text": "once upon a time", "sampling_params": {"max_new_tokens": max_tokens}}
+
+
+async def collect(client: EngineClient, call: UpstreamCall) -> list[UpstreamEvent]:
+    return [event async for event in client.generate(call)]
+
+
+async def direct(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> Any:
+    async with session.post(url, json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        return orjson.loads(await resp.read())
+
+
+def comparable(answer: Any, *, api: str) -> Any:
+    """An answer without the fields that differ between two runs of the same request.
+
+    vLLM answers are compared by content (null and empty fields dropped): the simulator renders an older
+    vLLM's field set (`tool_calls: []`, `reasoning_content`, completions' `prompt_token_ids` at the top)
+    than reference/engines.md gives for 0.33, which the assembler follows. SGLang answers compare exactly.
+    """
+    if isinstance(answer, list):
+        return [comparable(item, api=api) for item in answer]
+    out = {k: v for k, v in answer.items() if k not in ("id", "created")}
+    if isinstance(out.get("meta_info"), dict):
+        out["meta_info"] = {k: v for k, v in out["meta_info"].items() if k not in _TIMING}
+    return _without_empty(out) if api == "vllm" else out
+
+
+def _without_empty(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_empty(v) for k, v in value.items() if v is not None and v != []}
+    if isinstance(value, list):
+        return [_without_empty(v) for v in value]
+    return value
+
+
+async def test_probe_health_and_load(cluster: SimCluster, client: EngineClient) -> None:
+    info = await client.probe()
+    assert info.capacity == cluster.config.max_running_requests
+    assert info.models == (MODEL,)
+    assert info.max_model_len == cluster.config.context_len
+    assert await client.health()
+    load = await client.load()
+    assert (load.running, load.waiting) == (0, 0)
+
+
+@pytest.mark.parametrize("route", [Route.CHAT, Route.COMPLETIONS, Route.GENERATE])
+async def test_assembled_answer_equals_the_engines_own(
+    cluster: SimCluster, client: EngineClient, session: aiohttp.ClientSession, route: Route
+) -> None:
+    if route is Route.GENERATE and cluster.api == "vllm":
+        with pytest.raises(UpstreamError) as refused:
+            await collect(client, UpstreamCall(request_id="g", route=route, body=bodies(route, 4)))
+        assert refused.value.status == 400 and not refused.value.retryable
+        return
+    await client.probe()  # SGLang: learn the weight version its answers carry
+    body = bodies(route, 24)
+    call = UpstreamCall(request_id=f"stream-{route.name}", route=route, body=body, progress_every_tokens=4)
+    events = await collect(client, call)
+    expected = await direct(session, cluster.urls[0] + route.value, body)
+    assert comparable(orjson.loads(assemble(route, events)), api=cluster.api) == comparable(
+        expected, api=cluster.api
+    )
+    usage = (
+        expected["usage"]["completion_tokens"]
+        if route is not Route.GENERATE
+        else expected["meta_info"]["completion_tokens"]
+    )
+    assert sum(e.tokens for e in events) == usage == 24
+    assert [e.finish_reason for e in events if e.finish_reason] == ["length"]
+    if route is Route.GENERATE:
+        # SGLang sends the first token at once, then a chunk every stream_interval tokens
+        assert [e.tokens for e in events] == [1, 3, 4, 4, 4, 4, 4]
+
+
+async def test_streaming_client_sees_only_what_it_asked_for(
+    cluster: SimCluster, client: EngineClient
+) -> None:
+    body = {**bodies(Route.CHAT, 5), "stream": True}
+    events = await collect(client, UpstreamCall(request_id="plain-stream", route=Route.CHAT, body=body))
+    forwarded = [e for e in events if not e.is_gateway_only]
+    assert len(forwarded) == len(events) - 1  # the usage frame is the gateway's
+    assert b'"choices":[]' in events[-1].data and events[-1].is_gateway_only
+
+
+async def test_abort_stops_the_generation(cluster: SimCluster, client: EngineClient) -> None:
+    route = Route.CHAT
+    call = UpstreamCall(request_id="to-abort", route=route, body=bodies(route, 5000), progress_every_tokens=1)
+    events: list[UpstreamEvent] = []
+    stream = client.generate(call)
+    async with contextlib.aclosing(stream):  # type: ignore[type-var]
+        async for event in stream:
+            events.append(event)
+            if len(events) == 3:
+                await client.abort("to-abort")
+            if event.finish_reason is not None:
+                break
+    assert events[-1].finish_reason == "abort"
+    assert sum(e.tokens for e in events) < 5000
+    await _until(lambda: cluster.engines[0].running_count == 0)
+
+
+async def test_pause_in_place_and_resume(cluster: SimCluster, client: EngineClient) -> None:
+    engine = cluster.engines[0]
+    route = Route.COMPLETIONS
+    call = UpstreamCall(request_id="paused", route=route, body=bodies(route, 400), progress_every_tokens=1)
+    stream = client.generate(call)
+    events = [await anext(stream)]
+    await client.pause("in_place")
+    assert engine.paused
+    before = engine.generated_tokens_total
+    await asyncio.sleep(0.2)  # 4 simulated seconds: hundreds of decode steps, were it running
+    assert engine.generated_tokens_total == before
+    await client.resume()
+    assert not engine.paused
+    events += [event async for event in stream]
+    assert sum(e.tokens for e in events) == 400
+    assert events[-2].finish_reason == "length"
+
+
+async def test_pause_abort_ends_in_flight_requests(cluster: SimCluster, client: EngineClient) -> None:
+    route = Route.CHAT
+    call = UpstreamCall(
+        request_id="pause-abort", route=route, body=bodies(route, 5000), progress_every_tokens=1
+    )
+    stream = client.generate(call)
+    first = await anext(stream)
+    pausing = asyncio.create_task(client.pause("abort"))
+    events = [first, *[event async for event in stream]]
+    await pausing
+    assert [e.finish_reason for e in events if e.finish_reason] == ["abort"]
+    await client.resume()
+    assert not cluster.engines[0].paused
+
+
+async def test_load_sees_a_running_request(cluster: SimCluster, client: EngineClient) -> None:
+    route = Route.CHAT
+    call = UpstreamCall(request_id="loaded", route=route, body=bodies(route, 2000), progress_every_tokens=1)
+    stream = client.generate(call)
+    async with contextlib.aclosing(stream):  # type: ignore[type-var]
+        await anext(stream)
+        load = await client.load()
+        assert load.running == 1
+    await client.abort("loaded")
+    await _until(lambda: cluster.engines[0].running_count == 0)  # closing (and abort) freed the engine
+
+
+async def _until(condition: Any, *, attempts: int = 500) -> None:
+    """Poll `condition` (a simulator property, no event to wait on) every 20 ms, 10 s at most."""
+    for _ in range(attempts):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not reached")

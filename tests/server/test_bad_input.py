@@ -1,0 +1,111 @@
+"""Bad input gets a 4xx OpenAI-shaped error, and the gateway keeps serving everyone else."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from tests.server.conftest import MakeCluster, MakeGateway
+
+CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+
+
+def assert_openai_error(response: httpx.Response, status: int, code: str | None = None) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["type"], str)
+    if code is not None:
+        assert error["code"] == code
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"{not json", 400, "invalid_json"),
+        (b"[1, 2]", 400, "invalid_json"),
+        (b'{"model": "m", "messages": "hi"}', 400, "invalid_type"),
+        (b'{"model": "m", "messages": []}', 400, "invalid_type"),
+        (b'{"model": "m", "messages": [{"content": "no role"}]}', 400, "invalid_type"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}', 400, "invalid_type"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}', 400, "invalid_value"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": true}', 400, "invalid_type"),
+        (b'{"model": 5, "messages": [{"role": "user", "content": "x"}]}', 400, "invalid_type"),
+    ],
+)
+async def test_malformed_chat_bodies_get_400(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient, body: bytes, status: int, code: str
+) -> None:
+    gateway = await make_gateway(await make_cluster(engines=1))
+    response = await http.post(
+        f"{gateway.url}/v1/chat/completions", content=body, headers={"Content-Type": "application/json"}
+    )
+    assert_openai_error(response, status, code)
+
+
+async def test_generate_needs_exactly_one_input(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
+) -> None:
+    gateway = await make_gateway(await make_cluster(engines=1))
+    both = await http.post(f"{gateway.url}/generate", json={"text": "a", "input_ids": [1, 2]})
+    assert_openai_error(both, 400, "invalid_type")
+    none = await http.post(f"{gateway.url}/generate", json={"sampling_params": {}})
+    assert_openai_error(none, 400, "invalid_type")
+
+
+async def test_oversized_body_gets_413(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
+) -> None:
+    gateway = await make_gateway(await make_cluster(engines=1), max_body_bytes=4096)
+    big = {"model": "m", "messages": [{"role": "user", "content": "x" * 10_000}]}
+    response = await http.post(f"{gateway.url}/v1/chat/completions", json=big)
+    assert_openai_error(response, 413)
+
+
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [
+        ("X-Rolloutgate-Timeout", "abc"),
+        ("X-Rolloutgate-Timeout", "-5"),
+        ("X-Rolloutgate-Timeout", "nan"),
+        ("X-Rolloutgate-Timeout", "999999"),
+        ("X-Rolloutgate-Stall-Timeout", "0"),
+        ("X-Rolloutgate-Queue-Timeout", "inf"),
+        ("X-Rolloutgate-Priority", "high"),
+    ],
+)
+async def test_invalid_overrides_get_400(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient, header: str, value: str
+) -> None:
+    gateway = await make_gateway(await make_cluster(engines=1))
+    response = await http.post(f"{gateway.url}/v1/chat/completions", json=CHAT, headers={header: value})
+    assert_openai_error(response, 400, "invalid_override")
+
+
+async def test_unknown_worker_gets_404_and_bad_worker_url_400(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
+) -> None:
+    gateway = await make_gateway(await make_cluster(engines=1))
+    missing = await http.delete(f"{gateway.url}/workers/engine-99")
+    assert_openai_error(missing, 404, "worker_not_found")
+    bad_scheme = await http.post(f"{gateway.url}/workers", json={"url": "file:///etc/passwd"})
+    assert_openai_error(bad_scheme, 400, "invalid_worker")
+    no_url = await http.post(f"{gateway.url}/workers", json={"family": "sglang"})
+    assert_openai_error(no_url, 400, "invalid_worker")
+
+
+async def test_gateway_keeps_serving_while_bad_requests_arrive(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
+) -> None:
+    gateway = await make_gateway(await make_cluster(engines=1))
+    good = [http.post(f"{gateway.url}/v1/chat/completions", json=CHAT) for _ in range(8)]
+    bad = [
+        http.post(f"{gateway.url}/v1/chat/completions", content=b"{", headers={"Content-Type": "application/json"})
+        for _ in range(8)
+    ]
+    results = await asyncio.gather(*good, *bad)
+    assert [r.status_code for r in results[:8]] == [200] * 8
+    assert all(r.json()["choices"][0]["message"]["content"] for r in results[:8])
+    assert [r.status_code for r in results[8:]] == [400] * 8

@@ -1,0 +1,325 @@
+"""The session registry: lifecycle, idle TTL, limits, the memory bound, turn planning and commits."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import pytest
+
+from rolloutgate.core.clock import ManualClock
+from rolloutgate.sessions.errors import (
+    SessionConflict,
+    SessionDiverged,
+    SessionEvicted,
+    SessionNotFound,
+    SessionRecordLimit,
+    SessionsFull,
+)
+from rolloutgate.sessions.messages import message_key, tools_key
+from rolloutgate.sessions.registry import SessionLimits, SessionRegistry
+from rolloutgate.sessions.session import TurnBase, TurnKind
+
+
+def registry(**limits: Any) -> SessionRegistry:
+    counter = itertools.count()
+    return SessionRegistry(SessionLimits(**limits), id_factory=lambda: f"s{next(counter)}")
+
+
+def commit(reg: SessionRegistry, clock: ManualClock, session_id: str, record: Any) -> None:
+    session = reg.get(session_id, clock.now())
+    base = TurnBase(kind=TurnKind.EXTEND, keep_turns=session.turns, messages_from=record.messages_from)
+    ticket = reg.begin_turn(session, base, record.request_key, clock.now())
+    reg.commit_turn(ticket, record, clock.now())
+
+
+def test_create_get_delete(clock: ManualClock) -> None:
+    reg = registry()
+    session = reg.create(clock.now())
+    assert reg.get(session.session_id, clock.now()) is session
+    reg.delete(session.session_id, clock.now())
+    with pytest.raises(SessionNotFound) as info:
+        reg.get(session.session_id, clock.now())
+    assert info.value.status == 404 and info.value.code == "session_not_found"
+    with pytest.raises(SessionNotFound):
+        reg.delete("nope", clock.now())
+    stats = reg.stats()
+    assert (stats.created_total, stats.deleted_total, stats.sessions) == (1, 1, 0)
+
+
+def test_idle_ttl_evicts_and_then_gone(clock: ManualClock) -> None:
+    reg = registry(idle_ttl_s=60)
+    old, young = reg.create(clock.now()), None
+    clock.advance(30)
+    young = reg.create(clock.now())
+    assert reg.next_expiry_at() == pytest.approx(clock.now() + 30)
+    clock.advance(29.9)
+    assert reg.expire(clock.now()) == []
+    clock.advance(0.1)
+    assert reg.expire(clock.now()) == [old.session_id]
+    with pytest.raises(SessionEvicted) as info:
+        reg.get(old.session_id, clock.now())
+    assert info.value.status == 410 and "idle ttl" in info.value.message
+    assert reg.get(young.session_id, clock.now()) is young  # touched: its TTL restarts
+    clock.advance(59)
+    assert reg.expire(clock.now()) == []
+    assert reg.stats().evicted_idle_ttl_total == 1
+
+
+def test_get_evicts_lazily_without_a_sweep(clock: ManualClock) -> None:
+    reg = registry(idle_ttl_s=10)
+    session = reg.create(clock.now())
+    clock.advance(10)
+    with pytest.raises(SessionEvicted):
+        reg.get(session.session_id, clock.now())
+
+
+def test_a_turn_in_flight_keeps_the_session_past_its_ttl(clock: ManualClock, record: Any) -> None:
+    reg = registry(idle_ttl_s=10)
+    session = reg.create(clock.now())
+    ticket = reg.begin_turn(
+        session, TurnBase(kind=TurnKind.FIRST, keep_turns=0, messages_from=0), b"k", clock.now()
+    )
+    clock.advance(100)
+    assert reg.expire(clock.now()) == []
+    assert reg.next_expiry_at() == math.inf
+    reg.commit_turn(ticket, record(0, prompt_new_ids=[1, 2]), clock.now())
+    clock.advance(9.99)
+    assert reg.expire(clock.now()) == []
+    clock.advance(0.01)
+    assert reg.expire(clock.now()) == [session.session_id]
+
+
+def test_tombstones_are_bounded(clock: ManualClock) -> None:
+    reg = registry(idle_ttl_s=1, max_tombstones=2)
+    ids = [reg.create(clock.now()).session_id for _ in range(3)]
+    clock.advance(1)
+    assert reg.expire(clock.now()) == ids
+    with pytest.raises(SessionNotFound):  # the oldest tombstone was dropped
+        reg.get(ids[0], clock.now())
+    for session_id in ids[1:]:
+        with pytest.raises(SessionEvicted):
+            reg.get(session_id, clock.now())
+
+
+def test_max_sessions_evicts_the_least_recently_used_idle_session(clock: ManualClock) -> None:
+    reg = registry(max_sessions=2)
+    a = reg.create(clock.now())
+    clock.advance(1)
+    b = reg.create(clock.now())
+    clock.advance(1)
+    reg.get(a.session_id, clock.now())  # a is now more recent than b
+    c = reg.create(clock.now())
+    with pytest.raises(SessionEvicted) as info:
+        reg.get(b.session_id, clock.now())
+    assert "capacity" in info.value.message
+    assert {reg.get(a.session_id, clock.now()), reg.get(c.session_id, clock.now())} == {a, c}
+    assert reg.stats().evicted_capacity_total == 1
+
+
+def test_full_of_busy_sessions_answers_429(clock: ManualClock) -> None:
+    reg = registry(max_sessions=1)
+    session = reg.create(clock.now())
+    reg.begin_turn(session, TurnBase(kind=TurnKind.FIRST, keep_turns=0, messages_from=0), b"k", clock.now())
+    with pytest.raises(SessionsFull) as info:
+        reg.create(clock.now())
+    assert info.value.status == 429 and info.value.code == "session_limit"
+    assert reg.stats().rejected_full_total == 1
+
+
+def test_without_eviction_a_full_registry_answers_429(clock: ManualClock) -> None:
+    reg = registry(max_sessions=1, evict_when_full=False)
+    reg.create(clock.now())
+    with pytest.raises(SessionsFull):
+        reg.create(clock.now())
+
+
+def test_max_records_per_session(clock: ManualClock, record: Any) -> None:
+    reg = registry(max_records_per_session=2)
+    session = reg.create(clock.now())
+    commit(reg, clock, session.session_id, record(0, prompt_new_ids=[1]))
+    commit(reg, clock, session.session_id, record(1, prompt_prefix_len=3, prompt_new_ids=[5]))
+    with pytest.raises(SessionRecordLimit) as info:
+        commit(reg, clock, session.session_id, record(2))
+    assert info.value.status == 400 and info.value.code == "session_record_limit"
+    # a retry of the last turn replaces it, so it stays within the limit
+    base = TurnBase(kind=TurnKind.RETRY, keep_turns=1, messages_from=2)
+    reg.begin_turn(session, base, b"retry", clock.now())
+
+
+def test_memory_bound_evicts_idle_sessions_first(clock: ManualClock, record: Any) -> None:
+    big = record(0, payload="x" * 5000)
+    reg = registry(max_bytes=3 * big.approx_bytes)
+    a, b = reg.create(clock.now()), reg.create(clock.now())
+    commit(reg, clock, a.session_id, record(0, payload="x" * 5000))
+    clock.advance(1)
+    commit(reg, clock, b.session_id, record(0, payload="x" * 5000))
+    assert reg.stats().approx_bytes <= reg.limits.max_bytes
+    clock.advance(1)
+    commit(reg, clock, b.session_id, record(1, prompt_prefix_len=4, payload="x" * 5000))
+    with pytest.raises(SessionEvicted) as info:  # a was the least recently used
+        reg.get(a.session_id, clock.now())
+    assert "memory" in info.value.message
+    stats = reg.stats()
+    assert stats.evicted_memory_total == 1
+    assert stats.approx_bytes <= reg.limits.max_bytes
+    assert stats.approx_bytes == reg.get(b.session_id, clock.now()).approx_bytes
+
+
+def test_memory_bound_never_evicts_the_committing_or_busy_sessions(clock: ManualClock, record: Any) -> None:
+    big = record(0, payload="x" * 5000)
+    reg = registry(max_bytes=big.approx_bytes)
+    session = reg.create(clock.now())
+    commit(reg, clock, session.session_id, big)  # over the bound, but nothing else to evict
+    assert reg.get(session.session_id, clock.now()).turns == 1
+    reg.begin_turn(session, TurnBase(kind=TurnKind.EXTEND, keep_turns=1, messages_from=2), b"x", clock.now())
+    with pytest.raises(SessionsFull):  # busy sessions are never evicted: no room for another
+        reg.create(clock.now())
+    assert reg.stats().evicted_memory_total == 0
+
+
+def test_a_second_request_in_flight_is_a_conflict_unless_it_is_a_retry(clock: ManualClock) -> None:
+    reg = registry()
+    session = reg.create(clock.now())
+    base = TurnBase(kind=TurnKind.FIRST, keep_turns=0, messages_from=0)
+    reg.begin_turn(session, base, b"same", clock.now())
+    reg.begin_turn(session, base, b"same", clock.now())  # a client retry may run (or attach) meanwhile
+    with pytest.raises(SessionConflict) as info:
+        reg.begin_turn(session, base, b"other", clock.now())
+    assert info.value.status == 409 and info.value.code == "session_busy"
+    assert reg.stats().turns_in_flight == 2
+
+
+def test_twin_commits_record_once(clock: ManualClock, record: Any) -> None:
+    reg = registry()
+    session = reg.create(clock.now())
+    base = TurnBase(kind=TurnKind.FIRST, keep_turns=0, messages_from=0)
+    first = reg.begin_turn(session, base, b"key-0", clock.now())
+    second = reg.begin_turn(session, base, b"key-0", clock.now())
+    kept = reg.commit_turn(first, record(0), clock.now())
+    assert reg.commit_turn(second, record(0), clock.now()) is kept
+    assert session.turns == 1 and reg.stats().duplicate_commits_total == 1
+    assert not session.in_flight
+
+
+def test_end_turn_is_a_no_op_after_commit_and_counts_abandons(clock: ManualClock, record: Any) -> None:
+    reg = registry()
+    session = reg.create(clock.now())
+    base = TurnBase(kind=TurnKind.FIRST, keep_turns=0, messages_from=0)
+    ticket = reg.begin_turn(session, base, b"key-0", clock.now())
+    reg.commit_turn(ticket, record(0), clock.now())
+    reg.end_turn(ticket, clock.now())
+    abandoned = reg.begin_turn(
+        session, TurnBase(kind=TurnKind.EXTEND, keep_turns=1, messages_from=2), b"x", clock.now()
+    )
+    reg.end_turn(abandoned, clock.now())
+    stats = reg.stats()
+    assert (stats.turns_committed_total, stats.turns_abandoned_total, stats.turns_in_flight) == (1, 1, 0)
+
+
+def test_commit_after_delete_raises_not_found(clock: ManualClock, record: Any) -> None:
+    reg = registry()
+    session = reg.create(clock.now())
+    ticket = reg.begin_turn(
+        session, TurnBase(kind=TurnKind.FIRST, keep_turns=0, messages_from=0), b"key-0", clock.now()
+    )
+    reg.delete(session.session_id, clock.now())
+    with pytest.raises(SessionNotFound):
+        reg.commit_turn(ticket, record(0), clock.now())
+
+
+def _keys(messages: list[dict[str, Any]]) -> list[bytes]:
+    return [message_key(m) for m in messages]
+
+
+def test_plan_turn_rules(clock: ManualClock, record: Any) -> None:
+    reg = registry()
+    session = reg.create(clock.now())
+    sid = session.session_id
+    no_tools = tools_key(None, None)
+    user0 = [{"role": "user", "content": "turn 0"}]
+    assert reg.plan_turn(session, user0, _keys(user0), no_tools, strict=True).kind is TurnKind.FIRST
+    commit(reg, clock, sid, record(0, new_messages=user0, reply="a0"))
+    state1 = [*user0, {"role": "assistant", "content": "a0"}]
+    turn1 = [*state1, {"role": "user", "content": "turn 1"}]
+    plan = reg.plan_turn(session, turn1, _keys(turn1), no_tools, strict=True)
+    assert (plan.kind, plan.keep_turns, plan.messages_from) == (TurnKind.EXTEND, 1, 2)
+    commit(
+        reg, clock, sid, record(1, prompt_prefix_len=4, messages_from=2, new_messages=turn1[2:], reply="a1")
+    )
+
+    # the same request again: a retry of the last turn, which will replace it
+    plan = reg.plan_turn(session, turn1, _keys(turn1), no_tools, strict=True)
+    assert (plan.kind, plan.keep_turns, plan.messages_from) == (TurnKind.RETRY, 1, 2)
+    # re-running from the turn before with a different message: roll back one turn
+    other = [*state1, {"role": "user", "content": "something else"}]
+    plan = reg.plan_turn(session, other, _keys(other), no_tools, strict=True)
+    assert (plan.kind, plan.keep_turns, plan.messages_from) == (TurnKind.ROLLBACK, 1, 2)
+    # changing earlier history diverges (strict) or restarts the chain (recorded mode)
+    edited = [{"role": "user", "content": "edited"}, *turn1[1:]]
+    with pytest.raises(SessionDiverged) as info:
+        reg.plan_turn(session, edited, _keys(edited), no_tools, strict=True)
+    assert info.value.status == 400 and info.value.code == "session_diverged"
+    assert "message 0" in info.value.message
+    plan = reg.plan_turn(session, edited, _keys(edited), no_tools, strict=False)
+    assert (plan.kind, plan.keep_turns, plan.messages_from) == (TurnKind.RESTART, 2, 0)
+    # same messages, other tools: diverged, and said so
+    extended = [*turn1, {"role": "assistant", "content": "a1"}, {"role": "user", "content": "turn 2"}]
+    with pytest.raises(SessionDiverged, match="tools"):
+        reg.plan_turn(
+            session, extended, _keys(extended), tools_key([{"type": "function"}], None), strict=True
+        )
+    assert reg.stats().diverged_total == 2
+
+
+def test_rollback_takes_effect_at_commit(clock: ManualClock, record: Any) -> None:
+    reg = registry()
+    session = reg.create(clock.now())
+    sid = session.session_id
+    commit(reg, clock, sid, record(0, prompt_new_ids=[1, 2], output_ids=[3, 4]))
+    commit(
+        reg, clock, sid, record(1, prompt_prefix_len=4, prompt_new_ids=[5], output_ids=[6], messages_from=2)
+    )
+    assert session.token_ids.tolist() == [1, 2, 3, 4, 5, 6]
+    bytes_before = reg.stats().approx_bytes
+    base = TurnBase(kind=TurnKind.RETRY, keep_turns=1, messages_from=2)
+    ticket = reg.begin_turn(session, base, b"key-1", clock.now())
+    assert session.turns == 2  # not yet
+    reg.commit_turn(
+        ticket,
+        record(1, prompt_prefix_len=4, prompt_new_ids=[5], output_ids=[7, 8], messages_from=2),
+        clock.now(),
+    )
+    assert session.turns == 2
+    assert session.token_ids.tolist() == [1, 2, 3, 4, 5, 7, 8]
+    assert [r.output_ids.tolist() for r in session.records] == [[3, 4], [7, 8]]
+    stats = reg.stats()
+    assert stats.turns_rolled_back_total == 1
+    # one more output id: 4 bytes in the record, 4 in the accumulated ids, 8 for its logprob
+    assert stats.approx_bytes - bytes_before == 4 + 4 + 8
+
+
+def test_stats_and_metric_samples(clock: ManualClock, record: Any) -> None:
+    reg = registry(max_sessions=7, idle_ttl_s=math.inf)
+    session = reg.create(clock.now())
+    commit(reg, clock, session.session_id, record(0))
+    stats = reg.stats()
+    assert (stats.sessions, stats.records, stats.max_sessions, stats.idle_ttl_s) == (1, 1, 7, math.inf)
+    samples = {
+        (name, tuple(sorted(labels.items()))): value for name, _, _, labels, value in stats.metric_samples()
+    }
+    assert samples[("rolloutgate_sessions", ())] == 1
+    assert samples[("rolloutgate_sessions_max", ())] == 7
+    assert samples[("rolloutgate_sessions_bytes", ())] == stats.approx_bytes
+    assert samples[("rolloutgate_session_turns_total", (("outcome", "committed"),))] == 1
+    assert samples[("rolloutgate_sessions_evicted_total", (("reason", "idle_ttl"),))] == 0
+    assert "1 turns" in repr(session) and "1 sessions" in repr(reg)
+
+
+@pytest.mark.parametrize(
+    "bad", [{"idle_ttl_s": 0}, {"idle_ttl_s": math.nan}, {"max_sessions": 0}, {"max_bytes": 0}]
+)
+def test_limits_validate(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        SessionLimits(**bad)

@@ -1,0 +1,185 @@
+"""Token-in-token-out rendering: the tokenizer folder, the template environment, and the incremental rule."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rolloutgate.sessions.errors import ChatTemplateError
+from rolloutgate.sessions.render import ChatRenderer, Checkpoint, close_overlap
+from rolloutgate.sessions.testing import WEATHER_TOOL, build_tiny_tokenizer
+
+
+def test_the_tiny_tokenizer_is_built_deterministically(tmp_path: Path, tokenizer_dir: Path) -> None:
+    again = build_tiny_tokenizer(tmp_path / "again")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (again / name).read_bytes() == (tokenizer_dir / name).read_bytes()
+
+
+def test_loads_the_folder(renderer: ChatRenderer) -> None:
+    im_end = renderer.tokenizer.token_to_id("<|im_end|>")
+    assert renderer.stop_token_ids == (im_end,)
+    assert list(renderer.close_ids) == renderer.encode("<|im_end|>\n")
+    assert renderer.special_tokens["eos_token"] == "<|im_end|>"
+    assert (
+        renderer.decode(renderer.encode("<tool_call>\n{}\n</tool_call>")) == "<tool_call>\n{}\n</tool_call>"
+    )
+
+
+def test_folder_errors(tmp_path: Path, tokenizer_dir: Path) -> None:
+    with pytest.raises(ValueError, match=r"tokenizer\.json"):
+        ChatRenderer.from_dir(tmp_path)
+    (tmp_path / "tokenizer.json").write_bytes((tokenizer_dir / "tokenizer.json").read_bytes())
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(ValueError, match="chat_template"):
+        ChatRenderer.from_dir(tmp_path)
+    (tmp_path / "chat_template.jinja").write_text("{{ messages[0].content }}|")
+    assert (
+        ChatRenderer.from_dir(tmp_path).render(
+            [{"role": "user", "content": "hi"}], add_generation_prompt=False
+        )
+        == "hi|"
+    )
+
+
+def test_named_templates_pick_tool_use_when_tools_are_given(renderer: ChatRenderer) -> None:
+    named = ChatRenderer(
+        renderer.tokenizer, {"default": "plain", "tool_use": "with {{ tools | length }} tools"}
+    )
+    assert named.render([], add_generation_prompt=False) == "plain"
+    assert named.render([], tools=[{}, {}], add_generation_prompt=False) == "with 2 tools"
+
+
+def test_environment_matches_hugging_face(renderer: ChatRenderer) -> None:
+    template = (
+        "{% generation %}{{ messages[0].content | tojson }}{% endgeneration %}"
+        "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}!{% endfor %}{{ eos_token }}"
+    )
+    custom = ChatRenderer(renderer.tokenizer, template, special_tokens={"eos_token": "<|im_end|>"})
+    # tojson neither HTML-escapes nor forces ASCII; loopcontrols and the generation tag work
+    out = custom.render(
+        [{"role": "user", "content": "<b> & é"}, {"role": "user", "content": "x"}],
+        add_generation_prompt=False,
+    )
+    assert out == '"<b> & é"!<|im_end|>'
+    failing = ChatRenderer(renderer.tokenizer, "{{ raise_exception('no system role here') }}")
+    with pytest.raises(ChatTemplateError, match="no system role here") as info:
+        failing.render([], add_generation_prompt=True)
+    assert info.value.status == 400
+
+
+def test_close_overlap() -> None:
+    assert close_overlap([5, 2], [2, 9]) == 1
+    assert close_overlap([5, 2, 9], [2, 9]) == 2
+    assert close_overlap([5, 6], [2, 9]) == 0
+    assert close_overlap([], [2, 9]) == 0
+    assert close_overlap([5], []) == 0
+
+
+TOOL_CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def conversation() -> list[tuple[list[dict[str, Any]], str, dict[str, Any]]]:
+    """(new messages, what the model writes, the assistant message the agent echoes back) per turn."""
+    return [
+        (
+            [
+                {"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "What is the weather in Paris?"},
+            ],
+            TOOL_CALL_TEXT,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_0",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    }
+                ],
+            },
+        ),
+        (
+            [
+                {
+                    "role": "tool",
+                    "tool_call_id": "call_0",
+                    "content": '{"temperature": 21, "condition": "sunny"}',
+                }
+            ],
+            "It is sunny and 21 degrees in Paris.",
+            {"role": "assistant", "content": "It is sunny and 21 degrees in Paris."},
+        ),
+        (
+            [{"role": "user", "content": "Thank you!"}],
+            "You are welcome.",
+            {"role": "assistant", "content": "You are welcome."},
+        ),
+    ]
+
+
+def test_incremental_ids_equal_a_full_re_render(renderer: ChatRenderer) -> None:
+    """With a prefix-stable template and output ids that equal the tokenized reply, reusing the session's ids
+    gives exactly the ids of rendering the whole conversation from scratch, at every turn."""
+    tools = [WEATHER_TOOL]
+    im_end = renderer.stop_token_ids[0]
+    messages: list[dict[str, Any]] = []
+    checkpoint = Checkpoint(turns=0, messages=(), token_ids=[], last_output_ids=[])
+    for turn, (new, model_text, echo) in enumerate(conversation()):
+        messages = [*messages, *new]
+        prompt = renderer.continue_prompt(checkpoint, messages, tools=tools, template_kwargs=None)
+        assert prompt == renderer.encode(renderer.render(messages, tools=tools, add_generation_prompt=True))
+        assert prompt[: len(checkpoint.token_ids)] == list(checkpoint.token_ids)
+        output = [*renderer.encode(model_text), im_end]
+        messages = [*messages, echo]
+        checkpoint = Checkpoint(
+            turns=turn + 1, messages=tuple(messages), token_ids=[*prompt, *output], last_output_ids=output
+        )
+
+
+def test_a_length_cut_reply_is_closed_by_the_bridge(renderer: ChatRenderer) -> None:
+    first = [{"role": "user", "content": "Tell me a story."}]
+    prompt = renderer.first_prompt(first, tools=None, template_kwargs=None)
+    output = renderer.encode("Once upon a time")[:3]  # cut by max_tokens: no <|im_end|>
+    echo = {"role": "assistant", "content": renderer.decode(output)}
+    messages = [*first, echo, {"role": "user", "content": "Go on."}]
+    base = Checkpoint(turns=1, messages=(*first, echo), token_ids=[*prompt, *output], last_output_ids=output)
+    following = renderer.continue_prompt(base, messages, tools=None, template_kwargs=None)
+    start = len(prompt) + len(output)
+    assert following[:start] == [*prompt, *output]
+    assert following[start : start + len(renderer.close_ids)] == list(renderer.close_ids)
+    assert (
+        renderer.decode(following[start:])
+        == "<|im_end|>\n<|im_start|>user\nGo on.<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_a_template_that_rewrites_history_is_refused(renderer: ChatRenderer) -> None:
+    counting = ChatRenderer(
+        renderer.tokenizer,
+        "[{{ messages | length }} messages]"
+        "{%- for message in messages %}{{ '<|im_start|>' + message.role + '\\n' + message.content + "
+        "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}",
+        stop_token_ids=renderer.stop_token_ids,
+    )
+    first = [{"role": "user", "content": "hi"}]
+    prompt = counting.first_prompt(first, tools=None, template_kwargs=None)
+    output = [*counting.encode("hello"), renderer.stop_token_ids[0]]
+    echo = {"role": "assistant", "content": "hello"}
+    base = Checkpoint(turns=1, messages=(*first, echo), token_ids=[*prompt, *output], last_output_ids=output)
+    with pytest.raises(ChatTemplateError, match="prefix-stable") as info:
+        counting.continue_prompt(
+            base, [*first, echo, {"role": "user", "content": "again"}], tools=None, template_kwargs=None
+        )
+    assert info.value.code == "chat_template_error"
+
+
+def test_config_reads_generation_eos_ids(tmp_path: Path, tokenizer_dir: Path) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((tokenizer_dir / name).read_bytes())
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
+    assert ChatRenderer.from_dir(tmp_path).stop_token_ids == (2, 0)

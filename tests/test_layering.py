@@ -1,0 +1,54 @@
+"""Layering: core/ imports only the standard library and rolloutgate.core, and never time, random, asyncio,
+logging or aiohttp (STYLE.md, conventions 1 and 2). Checked on the source's AST, so a lazy or conditional import
+is caught too."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+CORE = Path(__file__).resolve().parents[1] / "src" / "rolloutgate" / "core"
+FORBIDDEN = {"time", "random", "asyncio", "logging", "aiohttp"}
+CORE_FILES = sorted(CORE.rglob("*.py"))
+
+
+def imported_modules(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                found.append("rolloutgate.core")  # relative imports stay inside the package
+            elif node.module:
+                found.append(node.module)
+    return found
+
+
+def test_core_has_modules() -> None:
+    assert len(CORE_FILES) > 10
+
+
+@pytest.mark.parametrize("path", CORE_FILES, ids=lambda p: str(p.relative_to(CORE)))
+def test_core_imports_only_stdlib_and_core(path: Path) -> None:
+    for module in imported_modules(path):
+        top = module.split(".")[0]
+        assert top not in FORBIDDEN, f"{path.name} imports {module}"
+        if top == "rolloutgate":
+            assert module == "rolloutgate.core" or module.startswith("rolloutgate.core."), (
+                f"{path.name} imports {module}"
+            )
+        else:
+            assert top in sys.stdlib_module_names or top == "__future__", (
+                f"{path.name} imports non-stdlib {module}"
+            )
+
+
+def test_the_checker_catches_violations(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    import time\n    from rolloutgate.server import app\n")
+    assert imported_modules(bad) == ["time", "rolloutgate.server"]
