@@ -8,7 +8,7 @@ events), in time order, like a driver and engines would. Nothing sleeps.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from rolloutgate.core.clock import ManualClock
@@ -38,6 +38,7 @@ class Harness:
         self.log: list[tuple[float, Command]] = []
         self.engine_of: dict[str, str] = {}  # request id -> engine of its latest dispatch
         self.attempt_of: dict[str, int] = {}
+        self.observer: Callable[[list[Command]], None] | None = None  # sees each call's commands
 
     @property
     def now(self) -> float:
@@ -49,6 +50,8 @@ class Harness:
             if isinstance(c, Dispatch):
                 self.engine_of[c.request_id] = c.engine_id
                 self.attempt_of[c.request_id] = c.attempt
+        if self.observer is not None:
+            self.observer(commands)
         return commands
 
     def send(self, event: Event) -> list[Command]:

@@ -78,3 +78,12 @@ def test_invalid_settings() -> None:
         AttachIndex(ttl_s=-1.0)
     with pytest.raises(ValueError):
         AttachIndex(max_finished=-1)
+
+
+def test_next_expiry_skips_entries_evicted_or_replaced() -> None:
+    idx = AttachIndex(ttl_s=10.0, max_finished=1)
+    idx.register("a", "r1", 0.0)
+    idx.register("b", "r2", 0.0)
+    idx.finished("r1", 1.0)
+    assert idx.finished("r2", 2.0) == ["r1"]  # r1 evicted: its expiry (11.0) is stale
+    assert idx.next_expiry_at() == 12.0

@@ -29,7 +29,7 @@ def test_queue_time_is_not_charged() -> None:
     h.engines(e1=1)
     h.arrive("a")
     h.arrive("b", timeout_s=60.0)
-    assert h.gw.stats().queued == 1
+    assert h.gw.stats().queue_depth == 1
     h.advance(100.0, {"a": 1.0})
     h.finish("a")
     assert h.engine_of["b"] == "e1"
@@ -182,7 +182,7 @@ def test_wallclock_dispatches_at_once_and_counts_from_arrival() -> None:
     out = h.advance(1.0)
     assert sorted(f.request_id for f in of(out, Fail)) == ["a", "b", "c"]
     assert of(out, Abort) == []
-    assert h.gw.stats().in_flight == 0 and h.gw.stats().live_requests == 0
+    assert h.gw.stats().in_flight_total == 0 and h.gw.stats().live_requests == 0
 
 
 def test_timing_is_live_and_unknown_requests_raise() -> None:

@@ -20,9 +20,9 @@ def test_capacity_is_respected_and_slots_are_reused() -> None:
         h.arrive(f"r{i}")
     assert dispatched(h) == [("r0", "e1"), ("r1", "e1")]
     stats = h.gw.stats()
-    assert (stats.in_flight, stats.queued, stats.engines[0].in_flight) == (2, 3, 2)
+    assert (stats.in_flight_total, stats.queue_depth, stats.engines[0].in_flight) == (2, 3, 2)
     h.finish("r1")
-    assert dispatched(h)[-1] == ("r2", "e1") and h.gw.stats().in_flight == 2
+    assert dispatched(h)[-1] == ("r2", "e1") and h.gw.stats().in_flight_total == 2
 
 
 def test_fifo_within_priority_lower_value_first() -> None:
@@ -76,7 +76,7 @@ def test_session_moves_when_its_engine_exceeds_the_load_bound() -> None:
     h.arrive("a")  # e2
     h.arrive("b")  # e1 -> full
     h.arrive("s1-t2", routing_key="s1")  # e1 full; e2 has 1: 2 - 1 <= 1, waits for e1
-    assert h.gw.stats().queued == 1
+    assert h.gw.stats().queue_depth == 1
     h.finish("a")  # e2 drops to 0: 2 - 0 > 1, the session moves
     assert dispatched(h)[-1] == ("s1-t2", "e2")
     h.finish("s1-t2")

@@ -35,7 +35,7 @@ def test_abort_mode_requeues_in_flight_at_the_front_in_original_order() -> None:
         ("b", "e2", AbortReason.REQUEUE),
         ("c", "e1", AbortReason.REQUEUE),
     ]
-    assert h.gw.stats().in_flight == 0 and h.gw.stats().queued == 4
+    assert h.gw.stats().in_flight_total == 0 and h.gw.stats().queue_depth == 4
     h.advance(30.0)
     h.arrive("e")
     out = h.send(GateOpened())
@@ -76,7 +76,7 @@ def test_drain_mode_keeps_engine_liveness_running() -> None:
     out = h.advance(10.0)  # a hung engine would block the drain: it is still caught
     assert [m.state for m in of(out, MarkEngine)] == ["quarantined"]
     assert [x.reason for x in of(out, Abort)] == [AbortReason.ENGINE_HUNG]
-    assert of(out, Dispatch) == [] and h.gw.stats().queued == 1  # re-queued, runs after the gate opens
+    assert of(out, Dispatch) == [] and h.gw.stats().queue_depth == 1  # re-queued, runs after the gate opens
     assert [d.engine_id for d in of(h.send(GateOpened()), Dispatch)] == ["e2"]
 
 

@@ -145,7 +145,7 @@ def test_retry_grace_forgets_after_expiry_and_attach_cancels() -> None:
     assert of(out, Abort) == [Abort(request_id="a", engine_id="e1", reason=AbortReason.CLIENT_GONE)]
     assert of(out, Fail) == [] and of(out, Complete) == []  # nobody to answer
     stats = h.gw.stats()
-    assert (stats.client_gone, stats.live_requests, stats.in_flight) == (2, 0, 0)
+    assert (stats.client_gone, stats.live_requests, stats.in_flight_total) == (2, 0, 0)
 
 
 def test_zero_grace_aborts_at_once_and_wallclock_ignores_disconnects() -> None:
@@ -211,7 +211,12 @@ def test_no_state_leaks_after_a_busy_run() -> None:
             h.finish(running[0])
     h.advance(200.0)
     stats = h.gw.stats()
-    assert (stats.live_requests, stats.queued, stats.in_flight, stats.pending_timers) == (0, 0, 0, 0)
+    assert (stats.live_requests, stats.queue_depth, stats.in_flight_total, stats.pending_timers) == (
+        0,
+        0,
+        0,
+        0,
+    )
     assert all(e.in_flight == 0 and e.prefill_tokens == 0 and e.large_prefills == 0 for e in stats.engines)
     ended = {c.request_id for c in h.commands(Complete)} | {c.request_id for c in h.commands(Fail)}
     assert len(ended) + stats.client_gone == 40
@@ -227,5 +232,5 @@ def test_stats_and_repr() -> None:
     h.send(GateClosed())
     assert "gate closed (drain)" in repr(h.gw)
     stats = h.gw.stats()
-    assert stats.gate == "drain" and stats.in_flight_by_engine() == {"e1": 1} and stats.arrived == 2
+    assert stats.gate == "drain" and stats.in_flight == {"e1": 1} and stats.arrived == 2
     assert stats.timeouts == 0 and stats.clock_mode == "engine"

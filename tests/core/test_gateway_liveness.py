@@ -39,7 +39,7 @@ def test_frozen_engine_is_detected_within_stall_timeout_and_work_moves() -> None
         ("c", "e1", AbortReason.ENGINE_HUNG),
     ]
     assert [(d.request_id, d.engine_id, d.attempt) for d in of(out, Dispatch)] == [("a", "e2", 2)]
-    assert h.gw.stats().queued == 1  # c waits for a slot: e1 gets nothing while quarantined
+    assert h.gw.stats().queue_depth == 1  # c waits for a slot: e1 gets nothing while quarantined
     h.finish("b")
     assert h.engine_of["c"] == "e2"
     out = h.send(EngineHealthChecked(engine_id="e1", healthy=False))

@@ -4,6 +4,8 @@ import math
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rolloutgate.core.timer_heap import TimerHeap
 
@@ -47,3 +49,30 @@ def test_heap_memory_stays_bounded_under_churn(rng: random.Random) -> None:
     assert len(t._heap) <= 2 * 50 + 64 + 1
     expected = sorted((t.at_of(k), k) for k in range(50))
     assert [t.pop_due(math.inf) for _ in range(50)] == [k for _, k in expected]
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 10), st.one_of(st.floats(0, 100), st.just(math.inf)), st.booleans()),
+        max_size=300,
+    )
+)
+def test_matches_a_dict_reference_model(ops: list[tuple[int, float, bool]]) -> None:
+    t: TimerHeap[int] = TimerHeap()
+    model: dict[int, float] = {}
+    for key, at, is_discard in ops:
+        if is_discard:
+            t.discard(key)
+            model.pop(key, None)
+        else:
+            t.set(key, at)
+            if at == math.inf:
+                model.pop(key, None)
+            else:
+                model[key] = at
+        assert t.next_at() == min(model.values(), default=math.inf)
+        assert len(t) == len(model)
+    popped = []
+    while (key := t.pop_due(math.inf)) is not None:
+        popped.append(key)
+    assert sorted(popped) == sorted(model) and [model[k] for k in popped] == sorted(model.values())

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rolloutgate.core.wait_queue import SHARED, WaitQueue
 
@@ -54,3 +56,36 @@ def test_lazy_deletion_compacts() -> None:
         q.remove(f"r{i}")
     assert len(q._heaps[SHARED]) <= 2 * 1 + 32 + 1
     assert q.peek() == ((1, 0, 0), "keep")
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["push", "remove", "move", "pop"]), st.integers(0, 30), st.integers(0, 2)),
+        max_size=200,
+    )
+)
+def test_matches_a_sorted_reference_model(ops: list[tuple[str, int, int]]) -> None:
+    q = WaitQueue()
+    model: dict[str, tuple[tuple[int, int, int], object]] = {}  # id -> (key, lane)
+    lanes = [SHARED, ("e1", False), ("e1", True)]
+    for seq, (op, n, lane_no) in enumerate(ops):
+        rid, lane = f"r{n}", lanes[lane_no]
+        if op == "push" and rid not in model:
+            key = (n % 2, n % 3, seq)
+            q.push(rid, key, lane)
+            model[rid] = (key, lane)
+        elif op == "remove":
+            assert q.remove(rid) is (rid in model)
+            model.pop(rid, None)
+        elif op == "move" and rid in model:
+            q.move(rid, lane)
+            model[rid] = (model[rid][0], lane)
+        elif op == "pop":
+            head = q.peek(lane)
+            expected = min(((k, r) for r, (k, ln) in model.items() if ln == lane), default=None)
+            assert head == expected
+            if head is not None:
+                q.remove(head[1])
+                del model[head[1]]
+        assert len(q) == len(model)
+    assert q.ids_in_order() == [r for _, r in sorted((k, r) for r, (k, _) in model.items())]

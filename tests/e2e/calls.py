@@ -177,8 +177,9 @@ async def raw_stream(
 async def hold_stream(
     base_url: str, engines: EngineSet, *, max_tokens: int, generating: asyncio.Event
 ) -> None:
-    """Like `raw_stream`, but reads raw bytes and keeps nothing: a cheap way to occupy an engine slot (parsing
-    thousands of chunks a second would starve the test's own event loop on this 2-core machine)."""
+    """Like `raw_stream`, but parses nothing and keeps nothing: a cheap way to occupy an engine slot (parsing
+    thousands of chunks a second would starve the test's own event loop on this 2-core machine). Raises if
+    the stream carries an error event or ends without `[DONE]`."""
     payload = {
         "model": engines.model,
         "messages": _messages(PROMPT),
@@ -186,14 +187,20 @@ async def hold_stream(
         "ignore_eos": True,
         "stream": True,
     }
+    done = False
     async with (
         httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as client,
         client.stream("POST", base_url + "/v1/chat/completions", json=payload) as response,
     ):
         response.raise_for_status()
-        async for data in response.aiter_raw():
-            if not generating.is_set() and b"data: {" in data:
+        async for line in response.aiter_lines():
+            if line.startswith('data: {"error"'):
+                raise AssertionError(f"error event in a held stream: {line}")
+            if line.startswith("data: {"):
                 generating.set()
+            done = done or line == "data: [DONE]"
+    if not done:
+        raise AssertionError("a held stream ended without [DONE]")
 
 
 async def started_streams(
@@ -206,11 +213,23 @@ async def started_streams(
         for e in events
     ]
     try:
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), within_s)
+        await asyncio.wait_for(
+            asyncio.gather(*(_first_chunk(t, e) for t, e in zip(tasks, events, strict=True))), within_s
+        )
     except BaseException:
         await cancel_all(tasks)
         raise
     return tasks
+
+
+async def _first_chunk(task: asyncio.Task[None], generating: asyncio.Event) -> None:
+    """Wait for the stream's first chunk; fail at once if the stream ends (or fails) before it."""
+    waiter = asyncio.create_task(generating.wait())
+    await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    if not generating.is_set():
+        waiter.cancel()
+        task.result()  # raises the stream's error, if it had one
+        raise AssertionError("a held stream ended before its first chunk")
 
 
 async def cancel_all(tasks: list[asyncio.Task[Any]]) -> None:

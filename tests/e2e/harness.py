@@ -46,6 +46,7 @@ __all__ = (
 
 BACKEND = os.environ.get("E2E_BACKEND", "sim")
 REPO_ROOT = Path(__file__).resolve().parents[2]
+SIM_CONTEXT_LEN = 8192  # as the real engines' --max-model-len
 T = TypeVar("T")
 
 
@@ -129,34 +130,41 @@ def _get_ok(url: str) -> bool:
         return False
 
 
+_SIM_ENGINE = re.compile(r"^engine (\d+) vllm (http://\S+)", re.MULTILINE)
+
+
 def start_sim(
     log_dir: Path, *, engines: int, max_num_seqs: int, time_scale: float
 ) -> tuple[ManagedProcess, EngineSet]:
-    """`rolloutgate sim --api vllm` on consecutive free ports (retried if a port was taken meanwhile)."""
-    for _ in range(3):
-        base = free_port()
-        if base + engines > 65_000:
-            continue
-        argv = [
-            sys.executable, "-m", "rolloutgate", "sim",
-            "--engines", str(engines), "--base-port", str(base), "--api", "vllm",
-            "--profile", "default", "--time-scale", str(time_scale),
-            "--max-running-requests", str(max_num_seqs),
-        ]  # fmt: skip
-        process = ManagedProcess("sim", argv, log_dir / "sim.log")
-        urls = tuple(f"http://127.0.0.1:{base + i}" for i in range(engines))
-        try:
-            _wait_sync(
-                "simulator", lambda urls=urls: all(_get_ok(u + "/health") for u in urls), 30.0, process
-            )
-        except RuntimeError:
-            process.stop()
-            continue
-        model = httpx.get(urls[0] + "/v1/models", timeout=5.0).json()["data"][0]["id"]
-        return process, EngineSet(
-            backend="sim", urls=urls, model=model, max_num_seqs=max_num_seqs, max_model_len=32_768
-        )
-    raise RuntimeError("could not start the simulator on free ports")
+    """`rolloutgate sim --api vllm` on free ports, shaped like the real engines (slots, context length)."""
+    argv = [
+        sys.executable, "-m", "rolloutgate", "sim",
+        "--engines", str(engines), "--base-port", "0", "--api", "vllm",
+        "--profile", "default", "--time-scale", str(time_scale),
+        "--max-running-requests", str(max_num_seqs), "--context-len", str(SIM_CONTEXT_LEN),
+    ]  # fmt: skip
+    process = ManagedProcess("sim", argv, log_dir / "sim.log")
+    found: list[str] = []
+
+    def ready() -> bool:
+        if len(found) < engines:
+            found[:] = [m.group(2).rstrip("/") for m in _SIM_ENGINE.finditer(process.log_path.read_text())]
+            return False
+        return all(_get_ok(u + "/health") for u in found)
+
+    try:
+        _wait_sync("simulator", ready, 30.0, process)
+    except BaseException:
+        process.stop()
+        raise
+    model = httpx.get(found[0] + "/v1/models", timeout=5.0).json()["data"][0]["id"]
+    return process, EngineSet(
+        backend="sim",
+        urls=tuple(found),
+        model=model,
+        max_num_seqs=max_num_seqs,
+        max_model_len=SIM_CONTEXT_LEN,
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -46,5 +46,4 @@ async def test_keepalive_holds_a_short_timeout_client_through_a_long_queue(
         await cancel_all(blockers)
     assert answer.tokens == 16 and answer.finish_reason == "length"
     assert time.monotonic() - started >= HOLD_S
-    if answer.headers:  # the OpenAI SDK shows the gateway's headers; LiteLLM does not
-        assert answer.timing()["queue"] >= HOLD_S - 1.0
+    # (X-Rolloutgate-Timing is as of the first byte, here the first keep-alive byte: it cannot show the wait.)

@@ -41,9 +41,14 @@ async def make_gateway() -> AsyncIterator[MakeGateway]:
 
     async def make(cluster: SimCluster | None = None, **settings: Any) -> GatewayServer:
         settings.setdefault("host", "127.0.0.1")
+        # Liveness verdicts are tested on purpose with short stall timeouts; elsewhere a generous one keeps a
+        # loaded 2-core machine (time-scaled tests) from tripping them by accident.
+        settings.setdefault("stall_timeout", 600.0)
         settings.setdefault("port", 0)
         if cluster is not None:
-            settings.setdefault("engines", [EngineSpec(url=u, family=cluster_api(cluster)) for u in cluster.urls])
+            settings.setdefault(
+                "engines", [EngineSpec(url=u, family=cluster_api(cluster)) for u in cluster.urls]
+            )
             settings.setdefault("time_scale", cluster.time_scale)
         server = GatewayServer(GatewaySettings(**settings))
         await server.start()

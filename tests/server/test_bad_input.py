@@ -29,14 +29,31 @@ def assert_openai_error(response: httpx.Response, status: int, code: str | None 
         (b'{"model": "m", "messages": "hi"}', 400, "invalid_type"),
         (b'{"model": "m", "messages": []}', 400, "invalid_type"),
         (b'{"model": "m", "messages": [{"content": "no role"}]}', 400, "invalid_type"),
-        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}', 400, "invalid_type"),
-        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}', 400, "invalid_value"),
-        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": true}', 400, "invalid_type"),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}',
+            400,
+            "invalid_type",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}',
+            400,
+            "invalid_value",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": true}',
+            400,
+            "invalid_type",
+        ),
         (b'{"model": 5, "messages": [{"role": "user", "content": "x"}]}', 400, "invalid_type"),
     ],
 )
 async def test_malformed_chat_bodies_get_400(
-    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient, body: bytes, status: int, code: str
+    make_cluster: MakeCluster,
+    make_gateway: MakeGateway,
+    http: httpx.AsyncClient,
+    body: bytes,
+    status: int,
+    code: str,
 ) -> None:
     gateway = await make_gateway(await make_cluster(engines=1))
     response = await http.post(
@@ -102,7 +119,9 @@ async def test_gateway_keeps_serving_while_bad_requests_arrive(
     gateway = await make_gateway(await make_cluster(engines=1))
     good = [http.post(f"{gateway.url}/v1/chat/completions", json=CHAT) for _ in range(8)]
     bad = [
-        http.post(f"{gateway.url}/v1/chat/completions", content=b"{", headers={"Content-Type": "application/json"})
+        http.post(
+            f"{gateway.url}/v1/chat/completions", content=b"{", headers={"Content-Type": "application/json"}
+        )
         for _ in range(8)
     ]
     results = await asyncio.gather(*good, *bad)

@@ -12,7 +12,9 @@ MESSAGES = [{"role": "user", "content": "Say something."}]
 
 
 @pytest.mark.parametrize("api", ["sglang", "vllm"])
-async def test_openai_sdk_chat_and_completions(make_cluster: MakeCluster, make_gateway: MakeGateway, api: str) -> None:
+async def test_openai_sdk_chat_and_completions(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, api: str
+) -> None:
     gateway = await make_gateway(await make_cluster(engines=2, api=api))
     client = openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused")
     chat = await client.chat.completions.create(model="sim-model", messages=MESSAGES, max_tokens=12)
@@ -21,7 +23,11 @@ async def test_openai_sdk_chat_and_completions(make_cluster: MakeCluster, make_g
     assert chat.usage is not None and chat.usage.completion_tokens == 12
 
     stream = await client.chat.completions.create(
-        model="sim-model", messages=MESSAGES, max_tokens=12, stream=True, stream_options={"include_usage": True}
+        model="sim-model",
+        messages=MESSAGES,
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     text, usage = "", None
     async for chunk in stream:
@@ -43,7 +49,9 @@ async def test_streaming_client_without_usage_gets_no_usage_frame(
 ) -> None:
     gateway = await make_gateway(await make_cluster(engines=1))
     client = openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused")
-    stream = await client.chat.completions.create(model="sim-model", messages=MESSAGES, max_tokens=5, stream=True)
+    stream = await client.chat.completions.create(
+        model="sim-model", messages=MESSAGES, max_tokens=5, stream=True
+    )
     chunks = [chunk async for chunk in stream]
     assert chunks and all(chunk.choices for chunk in chunks)
     await client.close()

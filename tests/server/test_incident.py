@@ -16,7 +16,7 @@ import pytest
 from rolloutgate.sim.faults import Fault
 from tests.server.conftest import MakeCluster, MakeGateway
 
-SCALE = 200.0
+SCALE = 50.0
 A_TOKENS = 32_000
 STORM_PROMPT_TOKENS = 100_000
 
@@ -37,7 +37,10 @@ async def run_incident(http: httpx.AsyncClient, url: str) -> httpx.Response:
     a = asyncio.create_task(
         http.post(
             f"{url}/generate",
-            json={"input_ids": list(range(1, 2001)), "sampling_params": {"max_new_tokens": A_TOKENS, "ignore_eos": True}},
+            json={
+                "input_ids": list(range(1, 2001)),
+                "sampling_params": {"max_new_tokens": A_TOKENS, "ignore_eos": True},
+            },
         )
     )
     storms = []
@@ -65,7 +68,9 @@ async def test_request_a_completes_in_engine_mode_and_times_out_in_wallclock_mod
     make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient, clock: str
 ) -> None:
     cluster = await make_cluster(engines=1, profile="incident", time_scale=SCALE)
-    gateway = await make_gateway(cluster, clock=clock, timeout=600, stall_timeout=120, progress_every_tokens=16)
+    gateway = await make_gateway(
+        cluster, clock=clock, timeout=600, stall_timeout=120, progress_every_tokens=16
+    )
     response = await run_incident(http, gateway.url)
     if clock == "engine":
         assert response.status_code == 200, response.text
@@ -84,8 +89,15 @@ async def test_requests_on_a_frozen_engine_finish_on_another(
 ) -> None:
     cluster = await make_cluster(engines=2, time_scale=50.0)
     gateway = await make_gateway(cluster, stall_timeout=5.0, capacity=4)
-    body = {"model": "sim-model", "messages": [{"role": "user", "content": "go"}], "max_tokens": 400, "ignore_eos": True}
-    tasks = [asyncio.create_task(http.post(f"{gateway.url}/v1/chat/completions", json=body)) for _ in range(8)]
+    body = {
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": "go"}],
+        "max_tokens": 400,
+        "ignore_eos": True,
+    }
+    tasks = [
+        asyncio.create_task(http.post(f"{gateway.url}/v1/chat/completions", json=body)) for _ in range(8)
+    ]
     frozen = cluster.engines[0]
     while frozen.running_count == 0:  # let work start on both engines, then freeze one
         await asyncio.sleep(0.005)

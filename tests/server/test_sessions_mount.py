@@ -26,7 +26,10 @@ async def test_session_turns_are_recorded_with_affinity(
         content = reply.choices[0].message.content
         assert content
         assert getattr(reply.choices[0], "logprobs", None) is None  # not asked for: stripped
-        messages += [{"role": "assistant", "content": content}, {"role": "user", "content": f"follow-up {turn}"}]
+        messages += [
+            {"role": "assistant", "content": content},
+            {"role": "user", "content": f"follow-up {turn}"},
+        ]
     await client.close()
 
     record = (await http.get(f"{gateway.url}/sessions/{session_id}")).json()

@@ -403,3 +403,18 @@ def test_config_validation() -> None:
         make_config("default", no_such_field=1)
     with pytest.raises(ValueError):
         make_config("nope")
+
+
+def test_retract_ends_requests_that_were_being_aborted() -> None:
+    model = EngineModel(make_config("default"))
+    a, b = req("a", max_new=1000), req("b", max_new=1000)
+    model.submit(a, 0.0)
+    model.submit(b, 0.0)
+    model.advance(1.0)
+    model.abort("a", 1.0)  # pending until the step in flight ends
+    model.pause("retract", 1.0)
+    assert a.is_finished and a.finish is not None and a.finish.message == "Aborted"
+    assert b.state is RequestState.WAITING and model.waiting_count == 1
+    model.resume(2.0)
+    run_until_finished(model, b)
+    assert b.completion_tokens == 1000

@@ -168,16 +168,9 @@ async def test_chat_completion_shape_with_meta_info(
 async def test_chat_streaming_sends_headers_only_at_first_token(
     make_cluster: ClusterFactory, session: aiohttp.ClientSession
 ) -> None:
-    cluster = await make_cluster(time_scale=SCALE, max_running_requests=1)
+    cluster = await make_cluster(time_scale=SCALE)
     engine = cluster.engines[0]
-    blocker = asyncio.create_task(
-        post_json(
-            session,
-            cluster.urls[0] + "/generate",
-            {"text": "x", "rid": "blocker", "sampling_params": {"max_new_tokens": 100_000 // 8}},
-        )
-    )
-    await wait_running(engine)
+    engine.set_fault("blackhole")  # accepted, queued, never started: no first token until cleared
     chat = {
         "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 3,
@@ -185,18 +178,18 @@ async def test_chat_streaming_sends_headers_only_at_first_token(
         "stream_options": {"include_usage": True},
     }
     pending = asyncio.create_task(session.post(cluster.urls[0] + "/v1/chat/completions", json=chat))
-    # /generate streaming answers with headers at once, even while queued behind the blocker
+    # /generate streaming answers with headers at once, even while its request is queued
     async with session.post(cluster.urls[0] + "/generate", json={"text": "y", "stream": True}) as queued:
         assert queued.status == 200
-        await asyncio.sleep(0.2)
-        assert not pending.done()  # the chat stream is still queued: no status line yet
-        engine.abort("blocker")
+        await wait_for(lambda: engine.waiting_count == 2)
+        await asyncio.sleep(0.1)
+        assert not pending.done()  # the chat stream is queued too: no status line yet
+        engine.clear_faults()
         response = await asyncio.wait_for(pending, 10)
         async with response:
             assert response.status == 200
             events = await read_sse(response)
         await read_sse(queued)
-    await blocker
     assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[1:-2]) != ""
     assert events[-3]["choices"][0]["finish_reason"] == "length"
@@ -229,12 +222,13 @@ async def test_completions_stream_and_non_stream(
     lp = body["choices"][0]["logprobs"]
     assert len(lp["tokens"]) == 5 and len(lp["top_logprobs"][0]) == 2 and lp["text_offset"][0] == 0
     async with session.post(
-        url, json={"input_ids": [4, 5, 6], "max_tokens": 5, "stream": True, "stream_interval": 2}
+        url, json={"prompt": "once upon", "max_tokens": 5, "stream": True, "stream_interval": 2}
     ) as response:
         events = await read_sse(response)
     texts = [e["choices"][0]["text"] for e in events[:-1]]
     assert len(texts) == 4  # tokens 1, 2, 4, 5
-    assert "".join(texts) == body["choices"][0]["text"] or len("".join(texts)) > 0
+    assert "".join(texts) == body["choices"][0]["text"]  # same prompt, same deterministic answer
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
 
 
 async def test_abort_request_messages_prefix_and_abort_all(
@@ -445,7 +439,7 @@ async def test_health_waits_a_poll_and_fails_on_a_frozen_engine(
 async def test_sglang_aborts_a_disconnected_request_after_a_lag(
     make_cluster: ClusterFactory, session: aiohttp.ClientSession
 ) -> None:
-    cluster = await make_cluster(time_scale=SCALE)
+    cluster = await make_cluster(time_scale=10.0)
     engine = cluster.engines[0]
     body = {"text": "a", "rid": "gone", "sampling_params": {"max_new_tokens": 30_000}}
     task = asyncio.create_task(session.post(cluster.urls[0] + "/generate", json=body))
@@ -457,4 +451,4 @@ async def test_sglang_aborts_a_disconnected_request_after_a_lag(
     assert req is not None and req.finished_at is not None and req.finish is not None
     assert req.finish.kind == "abort"
     lag = req.finished_at - disconnected_at
-    assert 0.0 < lag <= engine.config.disconnect_lag_s + 1.5  # noticed at the next sweep, not at once
+    assert 0.0 < lag <= engine.config.disconnect_lag_s + 5.0  # at the next sweep (+0.5 s real of slack)

@@ -1,0 +1,23 @@
+"""rolloutgate's sans-IO core: queueing, admission, placement, clocks and verdicts as plain objects.
+
+Theory of operation: the edges (server/, engines/) translate what they see into events (events.py) and feed
+them, with the time, to `Gateway.handle(event, now)` (gateway.py); the core answers with commands
+(commands.py) and says when it next needs to be woken (`next_deadline()` / `on_time(now)`). Nothing here reads a
+clock, sleeps, logs or touches a socket (tests/test_layering.py enforces the imports), so every rule is tested
+exactly and fast on a `ManualClock`.
+
+Module map:
+    events, commands, timing, clock   the contract with the edges
+    config, stats                     settings in, observations out (frozen values)
+    gateway, ledger                   the state machine: handlers and verdicts over shared bookkeeping
+    request_clock                     the one home of budget arithmetic (charged, queue, paused, contention)
+    wait_queue, dispatcher            who waits where, what starts next (O(log n) per decision)
+    admission, session_table          per-engine slots and prefill budget; where each session's prefix lives
+    placement/                        one module per policy behind `PlacementPolicy`
+    liveness                          per-engine hung detection with a prefill allowance
+    gate                              the weight-update gate
+    request_state, engine_state       enums + transition tables
+    request_record, engine_record     the per-request and per-engine records
+    timer_heap                        keyed lazy-deletion deadlines
+    attach                            retry attachment index (attach keys -> request ids, TTL + LRU)
+"""

@@ -4,8 +4,10 @@ Theory of operation: closing the gate stops all dispatch and all charging (every
 request_clock.py). What happens to in-flight work depends on the mode: DRAIN lets it run to its end (uncharged);
 ABORT has the gateway abort it and put it back at the front of the queue, to run again after the gate opens;
 IN_PLACE leaves it on the engines, which the edge pauses with their KV cache kept, so engine liveness is
-suspended while the gate is closed in that mode. Opening the gate restarts every stall window and dispatches
-what fits.
+suspended while the gate is closed in that mode. In DRAIN mode engine liveness keeps running (a hung engine
+would block the drain forever; its work is re-queued to run after the gate opens), while the stuck-request rule,
+which is measured in charged time, rests with the charge. Opening the gate restarts every stall window and
+dispatches what fits.
 
 Rules:
 1. Closing an already-closed gate only changes its mode (the gateway applies the new mode's effect).

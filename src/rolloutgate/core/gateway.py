@@ -115,7 +115,10 @@ class Gateway(GatewayLedger):
 
         Raises ValueError for a `RequestArrived` whose id is still live (the edge must use unique ids).
         """
-        return self._handlers[type(event)](event, now)
+        out = self._handlers[type(event)](event, now)
+        if self._dirty:
+            self._flush_deadlines(now)
+        return out
 
     def on_time(self, now: float) -> list[Command]:
         """Fire every deadline that has passed by `now`; return the resulting commands."""
@@ -140,7 +143,9 @@ class Gateway(GatewayLedger):
                     self._fail(r, FailReason.TIMEOUT, now, out, detail="wall time since arrival")
                 else:
                     self._forget(r, now, out)
+            self._flush_deadlines(now)
         self._pump(now, out)
+        self._flush_deadlines(now)
         return out
 
     def next_deadline(self) -> float:
@@ -171,8 +176,9 @@ class Gateway(GatewayLedger):
         return GatewayStats(
             clock_mode=self._config.clock_mode.value,
             gate="open" if self._gate.mode is None else self._gate.mode.value,
-            queued=len(self._queue),
-            in_flight=sum(e.in_flight for e in self._engines.values()),
+            queue_depth=len(self._queue),
+            in_flight={e.engine_id: e.in_flight for e in self._engines.values()},
+            engine_states={e.engine_id: e.state.value for e in self._engines.values()},
             live_requests=len(self._requests),
             engines=engines,
             pending_timers=len(self._timers)
@@ -255,7 +261,7 @@ class Gateway(GatewayLedger):
         r.clock.note_progress(now)
         if self._is_engine_mode:
             self._arm_request(r, engine)
-            self._reschedule_engine(engine, now)
+            self._touch(engine)
         out: list[Command] = []
         if engine.slots.prefill_token_budget != math.inf:
             self._pump(now, out)  # prefill budget freed: something may fit now
@@ -301,11 +307,12 @@ class Gateway(GatewayLedger):
             return []
         r.is_disconnected = True
         out: list[Command] = []
+        key = (TimerKind.GRACE, r.request_id)
         if self._config.retry_grace_s == 0:
             self._forget(r, now, out)
             self._pump(now, out)
-        else:
-            self._timers.set((TimerKind.GRACE, r.request_id), now + self._config.retry_grace_s)
+        elif key not in self._timers:  # a repeated disconnect keeps the first deadline
+            self._timers.set(key, now + self._config.retry_grace_s)
         return out
 
     def _on_attached(self, ev: ClientAttached, now: float) -> list[Command]:
@@ -385,7 +392,7 @@ class Gateway(GatewayLedger):
         if engine is not None and not engine.is_paused:
             engine.is_paused = True
             engine.meter.set_paused(now, True)
-            self._reschedule_engine(engine, now)
+            self._touch(engine)
             self._refresh_engines(now)
         return []
 
@@ -396,7 +403,7 @@ class Gateway(GatewayLedger):
             engine.is_paused = False
             engine.meter.set_paused(now, self._gate.is_closed)
             engine.liveness.note_resumed(now)
-            self._reschedule_engine(engine, now)
+            self._touch(engine)
             self._refresh_engines(now)
             self._pump(now, out)
         return out
@@ -411,7 +418,7 @@ class Gateway(GatewayLedger):
         in_flight = [r for e in self._engines.values() for r in e.requests.values()]
         for engine in self._engines.values():
             engine.meter.set_paused(now, True)
-            self._reschedule_engine(engine, now)
+            self._touch(engine)
         if ev.mode is PauseMode.ABORT:
             for r in sorted(in_flight, key=lambda r: r.sort_key):
                 self._abort(r, AbortReason.REQUEUE, out)
@@ -428,7 +435,7 @@ class Gateway(GatewayLedger):
         for engine in self._engines.values():
             engine.meter.set_paused(now, engine.is_paused)
             engine.liveness.note_resumed(now)
-            self._reschedule_engine(engine, now)
+            self._touch(engine)
         self._pump(now, out)
         return out
 
@@ -451,7 +458,7 @@ class Gateway(GatewayLedger):
             rid = engine.timers[due].pop_due(math.inf)
             assert rid is not None
             self._judge(self._requests[rid], engine, meter.value(due, now) + EPSILON_S, now, out)
-        self._reschedule_engine(engine, now)
+        self._touch(engine)
 
     def _judge(
         self, r: RequestRecord, engine: EngineRecord, v_now: float, now: float, out: list[Command]

@@ -89,6 +89,7 @@ class GatewayLedger:
         )
         self._fails: dict[str, int] = {}
         self._aborts: dict[str, int] = {}
+        self._dirty: dict[str, EngineRecord] = {}  # engines whose real-time deadlines need recomputing
 
     def _pump(self, now: float, out: list[Command]) -> None:
         """Dispatch whatever can start now (nothing while the gate is closed).
@@ -128,7 +129,7 @@ class GatewayLedger:
         self._sessions.record(r.routing_key, engine.engine_id, r.prompt_tokens)
         if self._is_engine_mode:
             self._arm_request(r, engine)
-            self._reschedule_engine(engine, now)
+            self._touch(engine)
         self._counts["dispatched"] += 1
         if r.attempt > 1:
             self._counts["redispatched"] += 1
@@ -176,7 +177,7 @@ class GatewayLedger:
         engine.timers[r.clock.charge_class].discard(r.request_id)
         r.clock.end_stint(now)
         r.engine = None
-        self._reschedule_engine(engine, now)
+        self._touch(engine)
 
     def _arm_request(self, r: RequestRecord, engine: EngineRecord) -> None:
         """(Re)set the request's next virtual deadline: its charged timeout or its stall check."""
@@ -194,10 +195,21 @@ class GatewayLedger:
             max_allowance_s=config.max_prefill_allowance_s,
         )
 
+    def _touch(self, engine: EngineRecord) -> None:
+        """The engine's meter, timers or liveness changed: recompute its deadlines before the call returns."""
+        if self._is_engine_mode:
+            self._dirty[engine.engine_id] = engine
+
+    def _flush_deadlines(self, now: float) -> None:
+        """Recompute the deadlines of every touched engine (once per engine, however often it was touched)."""
+        dirty = self._dirty
+        while dirty:
+            _, engine = dirty.popitem()
+            if engine.engine_id in self._engines:
+                self._reschedule_engine(engine, now)
+
     def _reschedule_engine(self, engine: EngineRecord, now: float) -> None:
         """Recompute the engine's real-time charge and liveness deadlines (engine mode only)."""
-        if not self._is_engine_mode:
-            return
         meter, (free_timers, solo_timers) = engine.meter, engine.timers
         charge_at = min(
             meter.real_at(ChargeClass.FREE, free_timers.next_at(), now),

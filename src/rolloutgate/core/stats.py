@@ -29,9 +29,10 @@ class EngineStats:
 class GatewayStats:
     clock_mode: str
     gate: str  # "open" or the PauseMode value it is closed in
-    queued: int
-    in_flight: int
-    live_requests: int  # request records held: queued + in flight (+ none else: ended ones are freed)
+    queue_depth: int  # requests waiting in the gateway (all lanes)
+    in_flight: Mapping[str, int]  # engine id -> requests dispatched there
+    engine_states: Mapping[str, str]  # engine id -> EngineState value
+    live_requests: int  # request records held: queued + in flight (ended ones are freed)
     engines: tuple[EngineStats, ...]
     pending_timers: int
     sessions: int
@@ -49,5 +50,6 @@ class GatewayStats:
         """Requests ended by a time budget (charged, stall, queue, wall)."""
         return sum(self.fails.get(k, 0) for k in ("timeout", "stall", "queue_timeout", "max_wall"))
 
-    def in_flight_by_engine(self) -> dict[str, int]:
-        return {e.engine_id: e.in_flight for e in self.engines}
+    @property
+    def in_flight_total(self) -> int:
+        return sum(self.in_flight.values())

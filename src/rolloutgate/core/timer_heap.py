@@ -75,7 +75,8 @@ class TimerHeap(Generic[K]):
 
     def pop_due(self, limit: float) -> K | None:
         """Remove and return the key with the earliest deadline if that deadline is <= `limit`, else None."""
-        if self.next_at() > limit:
+        at = self.next_at()
+        if at > limit or at == math.inf:  # nothing due (an empty heap is never due, even at limit inf)
             return None
         _, _, key = heapq.heappop(self._heap)
         del self._live[key]

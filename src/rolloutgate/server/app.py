@@ -22,6 +22,7 @@ from rolloutgate.core.gateway import Gateway, GatewayCoreConfig
 from rolloutgate.engines.base import UpstreamError
 from rolloutgate.errors import BadRequest, GatewayError, NotFound, PayloadTooLarge
 from rolloutgate.server import admin, front, workers
+from rolloutgate.server.attach import Attachments
 from rolloutgate.server.context import CONTEXT, GatewayContext
 from rolloutgate.server.driver import Driver, GatewayClock
 from rolloutgate.server.exchange import Exchange, Finished
@@ -103,7 +104,12 @@ def build_app(settings: GatewaySettings) -> web.Application:
     driver.on_end.append(_log_request)
     pool = EnginePool(settings, driver.handle, clock.real_seconds)
     driver.pool = pool
-    ctx = GatewayContext(settings=settings, metrics=metrics, driver=driver, pool=pool)
+    attachments = Attachments(ttl_s=settings.result_ttl, max_entries=settings.result_cache_entries)
+    driver.on_end.append(lambda exchange, item: attachments.ended(exchange, item, clock.now()))
+    driver.on_forget.append(attachments.forget)
+    ctx = GatewayContext(
+        settings=settings, metrics=metrics, driver=driver, pool=pool, attachments=attachments
+    )
     metrics.watch(lambda: _state(ctx))
     app[CONTEXT] = ctx
     app.cleanup_ctx.append(_lifecycle)

@@ -9,6 +9,7 @@ import aiohttp
 from aiohttp import web
 
 from rolloutgate.config import GatewaySettings
+from rolloutgate.server.attach import Attachments
 from rolloutgate.server.driver import Driver
 from rolloutgate.server.metrics import Metrics
 from rolloutgate.server.pool import EnginePool
@@ -22,6 +23,7 @@ class GatewayContext:
     metrics: Metrics
     driver: Driver
     pool: EnginePool
+    attachments: Attachments
     session: aiohttp.ClientSession = field(init=False)  # created when the app starts (needs a loop)
     extras: dict[str, Any] = field(default_factory=dict)  # parts mounted later (sessions, sim cluster)
 

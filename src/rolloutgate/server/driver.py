@@ -64,6 +64,20 @@ def upstream_id(request_id: str, attempt: int) -> str:
     return f"{request_id}-{attempt:02d}"
 
 
+def _remaining_engine_s(exchange: Exchange, core: Gateway, now: float) -> float:
+    """Engine seconds an abandoned generation would still have taken, at its own observed token rate."""
+    limit = exchange.body.get("max_tokens") or exchange.body.get("max_completion_tokens")
+    if limit is None:
+        limit = (exchange.body.get("sampling_params") or {}).get("max_new_tokens")
+    try:
+        timing = core.timing(exchange.request_id, now)
+    except KeyError:
+        return 0.0
+    if not isinstance(limit, int) or timing.tokens <= 0 or timing.charged_s <= 0:
+        return 0.0
+    return max(0, limit - timing.tokens) * timing.charged_s / timing.tokens
+
+
 class GatewayClock:
     """Gateway seconds: monotonic real time times `scale` (1 in production)."""
 
@@ -101,6 +115,8 @@ class Driver:
         self.progress_every_tokens = progress_every_tokens
         self.abort_upstream = abort_upstream
         self.on_end: list[Callable[[Exchange, Finished | GatewayError], None]] = []
+        self.on_forget: list[Callable[[Exchange], None]] = []  # abandoned: the client left for good
+        self._disconnected: set[str] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._background: set[asyncio.Task[Any]] = set()
@@ -119,10 +135,30 @@ class Driver:
 
     def client_disconnected(self, exchange: Exchange) -> None:
         if not exchange.ended:
+            self._disconnected.add(exchange.request_id)
             self.handle(ClientDisconnected(request_id=exchange.request_id))
 
     def client_attached(self, exchange: Exchange) -> None:
+        self._disconnected.discard(exchange.request_id)
         self.handle(ClientAttached(request_id=exchange.request_id))
+
+    def _sweep_forgotten(self) -> None:
+        """Drop exchanges whose client left and that the core forgot after the grace period."""
+        now = self.clock.now()
+        for request_id in [r for r in self._disconnected if not self._is_known(r, now)]:
+            self._disconnected.discard(request_id)
+            exchange = self.exchanges.pop(request_id, None)
+            if exchange is not None:
+                exchange.cancel_upstream()
+                for callback in self.on_forget:
+                    callback(exchange)
+
+    def _is_known(self, request_id: str, now: float) -> bool:
+        try:
+            self.core.timing(request_id, now)
+        except KeyError:
+            return False
+        return True
 
     # --- the timer --------------------------------------------------------------------------------------
 
@@ -145,6 +181,8 @@ class Driver:
         commands = self.core.on_time(self.clock.now())
         if commands:
             self._execute(commands)
+        if self._disconnected:
+            self._sweep_forgotten()
         self._arm_timer()
 
     # --- commands ---------------------------------------------------------------------------------------
@@ -270,18 +308,18 @@ class Driver:
         self._end(exchange, error)
 
     def _end(self, exchange: Exchange, item: Finished | GatewayError) -> None:
+        self._disconnected.discard(exchange.request_id)
         exchange.finish(item)
         for callback in self.on_end:
             callback(exchange, item)
 
     def _abort(self, command: Abort) -> None:
         self.metrics.aborts.labels(reason=command.reason.value).inc()
-        if command.reason is AbortReason.CLIENT_GONE:
-            exchange = self.exchanges.pop(command.request_id, None)  # nobody is left to answer
-        else:
-            exchange = self.exchanges.get(command.request_id)
+        exchange = self.exchanges.get(command.request_id)
         if exchange is None:
             return
+        if command.reason is AbortReason.CLIENT_GONE:
+            self.metrics.engine_seconds_saved.inc(_remaining_engine_s(exchange, self.core, self.clock.now()))
         attempt = exchange.attempt
         exchange.cancel_upstream()
         assert self.pool is not None

@@ -1,9 +1,13 @@
-"""One client request at the edge: what its handler is waiting for, and what its upstream attempts produced.
+"""One client request at the edge: what its handlers are waiting for, and what its upstream attempts produced.
 
-Theory of operation: the front handler creates an `Exchange`, submits it to the driver and then only reads
-its `outbox`. The driver's upstream task puts what the client must see into the outbox: stream events
-(streaming clients), then exactly one terminal item, `Finished` (the answer, or the end of the stream) or a
+Theory of operation: the front handler creates an `Exchange`, submits it to the driver, subscribes and then only
+reads its queue. The driver's upstream task publishes what clients must see: stream events (streaming
+clients), then exactly one terminal item, `Finished` (the answer, or the end of the stream) or a
 `GatewayError`. The handler decides how to write them (headers now or later, keep-alive, error framing).
+
+A retry that attaches (server/attach.py) is one more subscriber: it first receives the stream events already
+published (kept only for exchanges that can be attached to), then follows live. When the last subscriber
+leaves, the client is gone (the driver starts the retry grace period).
 """
 
 from __future__ import annotations
@@ -40,7 +44,10 @@ class Exchange:
     client_streams: bool
     forward_headers: dict[str, str] = field(default_factory=dict)
     wants_usage: bool = False  # a streaming client asked for the usage frame (stream_options.include_usage)
-    outbox: asyncio.Queue[OutboxItem] = field(default_factory=asyncio.Queue)
+    attach_key: str | None = None  # retries with this key join this exchange
+    subscribers: list[asyncio.Queue[OutboxItem]] = field(default_factory=list)
+    history: list[bytes] | None = None  # published stream events, kept when a retry may attach
+    committed: bool = False  # a client already received a 200 (keep-alive): errors must be framed in-body
     # upstream state, owned by the driver
     attempt: int = 0
     engine_id: str | None = None
@@ -51,14 +58,32 @@ class Exchange:
     upstream_error: UpstreamError | None = None  # the engine's own non-retryable error, passed through
     ended: bool = False
 
+    def subscribe(self) -> asyncio.Queue[OutboxItem]:
+        """A queue of everything this exchange publishes from now on (stream history first, if kept)."""
+        queue: asyncio.Queue[OutboxItem] = asyncio.Queue()
+        for data in self.history or ():
+            queue.put_nowait(data)
+        self.subscribers.append(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[OutboxItem]) -> bool:
+        """Remove a subscriber; True if none is left (the client side is gone)."""
+        if queue in self.subscribers:
+            self.subscribers.remove(queue)
+        return not self.subscribers
+
     def finish(self, item: Finished | GatewayError) -> None:
         if not self.ended:
             self.ended = True
-            self.outbox.put_nowait(item)
+            for queue in self.subscribers:
+                queue.put_nowait(item)
 
     def send_event(self, data: bytes) -> None:
         if not self.ended:
-            self.outbox.put_nowait(data)
+            if self.history is not None:
+                self.history.append(data)
+            for queue in self.subscribers:
+                queue.put_nowait(data)
 
     def cancel_upstream(self) -> None:
         task = self.upstream_task

@@ -17,10 +17,11 @@ from aiohttp import web
 from rolloutgate.core.events import RequestArrived, RequestLimits
 from rolloutgate.engines.base import Route
 from rolloutgate.errors import Unavailable
+from rolloutgate.server.attach import CachedOutcome, key_for
 from rolloutgate.server.auth import check_api_key
 from rolloutgate.server.context import CONTEXT, GatewayContext
-from rolloutgate.server.exchange import Exchange
-from rolloutgate.server.respond import keepalive_for, write_outcome
+from rolloutgate.server.exchange import Exchange, OutboxItem
+from rolloutgate.server.respond import KeepAlive, keepalive_for, write_outcome
 from rolloutgate.server.validate import estimate_prompt_tokens, parse_body, parse_overrides, validate_body
 
 __all__ = (
@@ -81,11 +82,62 @@ async def run_exchange(
     body: dict[str, Any],
     *,
     routing_key: str | None,
+    raw_body: bytes = b"",
     pinned_engine: str | None = None,
 ) -> web.StreamResponse:
-    """Submit one validated request and answer its client (shared by the front and the session API)."""
-    limits, priority = limits_for(ctx, request.headers)
+    """Submit one validated request, or attach it to its earlier attempt, and answer its client."""
+    driver = ctx.driver
     streams = bool(body.get("stream"))
+    key = key_for(request.headers, routing_key, raw_body) if ctx.engine_clock else None
+    found = ctx.attachments.find(key, driver.clock.now()) if key else None
+    if isinstance(found, CachedOutcome):
+        ctx.metrics.attachments.labels(kind="cached").inc()
+        return await _replay(ctx, request, found)
+    if isinstance(found, Exchange) and found.client_streams == streams:
+        ctx.metrics.attachments.labels(kind="live").inc()
+        exchange = found
+        outbox = exchange.subscribe()
+        if len(exchange.subscribers) == 1:
+            driver.client_attached(exchange)
+    else:
+        exchange, outbox = _submit(ctx, request, route, body, streams, routing_key, pinned_engine)
+        if key and not found:
+            ctx.attachments.register(key, exchange, driver.clock.now())
+    keepalive = keepalive_for(
+        request.headers,
+        streams=streams,
+        interval_real_s=driver.clock.real_seconds(ctx.settings.keepalive_interval),
+        non_streaming_default=ctx.settings.keepalive_non_streaming,
+        enabled=ctx.engine_clock,
+    )
+
+    def timing_now() -> str:
+        try:
+            return driver.core.timing(exchange.request_id, driver.clock.now()).header_value()
+        except KeyError:
+            return ""
+
+    try:
+        return await write_outcome(request, exchange, outbox, keepalive, ctx.metrics, timing_now)
+    except (asyncio.CancelledError, ConnectionResetError):
+        ctx.metrics.client_disconnects.inc()
+        if exchange.unsubscribe(outbox) and ctx.engine_clock:
+            driver.client_disconnected(exchange)
+        raise
+    finally:
+        exchange.unsubscribe(outbox)
+
+
+def _submit(
+    ctx: GatewayContext,
+    request: web.Request,
+    route: Route,
+    body: dict[str, Any],
+    streams: bool,
+    routing_key: str | None,
+    pinned_engine: str | None,
+) -> tuple[Exchange, asyncio.Queue[OutboxItem]]:
+    limits, priority = limits_for(ctx, request.headers)
     stream_options = body.get("stream_options")
     exchange = Exchange(
         request_id=uuid.uuid4().hex,
@@ -95,8 +147,8 @@ async def run_exchange(
         forward_headers={"X-SMG-Routing-Key": routing_key} if routing_key else {},
         wants_usage=isinstance(stream_options, dict) and bool(stream_options.get("include_usage")),
     )
-    driver = ctx.driver
-    driver.submit(
+    outbox = exchange.subscribe()
+    ctx.driver.submit(
         exchange,
         RequestArrived(
             request_id=exchange.request_id,
@@ -108,28 +160,15 @@ async def run_exchange(
             pinned_engine=pinned_engine,
         ),
     )
-    settings = ctx.settings
-    keepalive = keepalive_for(
-        request.headers,
-        streams=streams,
-        interval_real_s=driver.clock.real_seconds(settings.keepalive_interval),
-        non_streaming_default=settings.keepalive_non_streaming,
-        enabled=ctx.engine_clock,
-    )
+    return exchange, outbox
 
-    def timing_now() -> str:
-        try:
-            return driver.core.timing(exchange.request_id, driver.clock.now()).header_value()
-        except KeyError:
-            return ""
 
-    try:
-        return await write_outcome(request, exchange, keepalive, ctx.metrics, timing_now)
-    except (asyncio.CancelledError, ConnectionResetError):
-        ctx.metrics.client_disconnects.inc()
-        if ctx.engine_clock:
-            driver.client_disconnected(exchange)
-        raise
+async def _replay(ctx: GatewayContext, request: web.Request, cached: CachedOutcome) -> web.StreamResponse:
+    """Answer a retry from a finished exchange: its stream events again, then its outcome."""
+    outbox = cached.exchange.subscribe()
+    cached.exchange.unsubscribe(outbox)
+    outbox.put_nowait(cached.item)
+    return await write_outcome(request, cached.exchange, outbox, KeepAlive(None), ctx.metrics, lambda: "")
 
 
 async def serve_inference(
@@ -137,9 +176,10 @@ async def serve_inference(
 ) -> web.StreamResponse:
     """Parse, validate and run one inference request (the front's routes and the session proxy)."""
     ctx.metrics.requests.labels(route=route.value).inc()
-    body = parse_body(await request.read(), ctx.settings)
+    raw = await request.read()
+    body = parse_body(raw, ctx.settings)
     validate_body(route, body, ctx.settings)
-    return await run_exchange(ctx, request, route, body, routing_key=routing_key)
+    return await run_exchange(ctx, request, route, body, routing_key=routing_key, raw_body=raw)
 
 
 def _inference(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:

@@ -92,6 +92,11 @@ class Metrics:
         self.client_disconnects = Counter(
             "rolloutgate_client_disconnects", "Clients that left before their answer", registry=r
         )
+        self.engine_seconds_saved = Counter(
+            "rolloutgate_engine_seconds_saved",
+            "Engine seconds not spent on generations whose clients left (estimated at their own rate)",
+            registry=r,
+        )
         self.attachments = Counter(
             "rolloutgate_attachments", "Retries that attached to an existing generation", ["kind"], registry=r
         )

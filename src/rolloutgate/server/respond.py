@@ -6,11 +6,14 @@ keep-alive byte: an SSE comment (`: keep-alive`) for a stream, a space before th
 allows leading whitespace; httpx, the OpenAI SDK and LiteLLM all parse it, see reference/clients.md). An answer
 or an error that comes before that gets its proper status and headers, timing included.
 
-Once keep-alive has committed a 200, an error is framed so each client still raises:
+Once keep-alive has committed a 200, an error is framed so each client still raises (measured with each
+client, see docs/clients.md):
 - a stream gets an SSE `data: {"error": ...}` event (the OpenAI SDK raises APIError; LiteLLM raises);
-- a non-streaming body gets the error JSON and then the connection is cut before the chunked body ends, so
-  every client sees a broken response (httpx RemoteProtocolError; the SDK and LiteLLM raise and retry, and the
-  retry attaches to the finished result and gets the error with its real status).
+- a non-streaming body gets the error object followed by a second JSON value, so the body is not valid JSON:
+  the OpenAI SDK raises (JSONDecodeError), LiteLLM raises InternalServerError, an httpx user's `.json()`
+  raises, and the error object is still the first thing in the body. None of them retries. (A bare
+  `{"error": ...}` is returned by the SDK as a completion with no choices; cutting the connection makes the
+  SDK and LiteLLM retry, starting new generations.)
 
 The interval is the server's `keepalive_interval`, shortened to half the client's announced read timeout
 (`x-stainless-read-timeout`, sent by the OpenAI SDK and so by LiteLLM), and can be turned off or on per
@@ -20,7 +23,6 @@ request with `X-Rolloutgate-Keepalive: off|on`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,7 +30,7 @@ import orjson
 from aiohttp import web
 
 from rolloutgate.errors import GatewayError
-from rolloutgate.server.exchange import Exchange, Finished
+from rolloutgate.server.exchange import Exchange, Finished, OutboxItem
 from rolloutgate.server.metrics import Metrics
 
 __all__ = ("KeepAlive", "keepalive_for", "write_outcome")
@@ -38,6 +40,7 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 SSE_KEEPALIVE = b": keep-alive\n\n"
 JSON_KEEPALIVE = b" "
 SSE_DONE = b"data: [DONE]\n\n"
+ERROR_TRAILER = b'\n{"rolloutgate": "error after keep-alive: the error object above is the answer"}\n'
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,7 @@ def keepalive_for(
 async def write_outcome(
     request: web.Request,
     exchange: Exchange,
+    outbox: asyncio.Queue[OutboxItem],
     keepalive: KeepAlive,
     metrics: Metrics,
     timing_now: Callable[[], str],
@@ -79,7 +83,6 @@ async def write_outcome(
     """Wait for the exchange's items and write them. Raises CancelledError if the client goes away."""
     streams = exchange.client_streams
     response: web.StreamResponse | None = None
-    outbox = exchange.outbox
     wait = keepalive.interval_s
     while True:
         try:
@@ -117,6 +120,7 @@ async def _start(
         headers["X-Rolloutgate-Engine"] = exchange.engine_url
     response = web.StreamResponse(status=200, headers=headers)
     await response.prepare(request)
+    exchange.committed = True
     return response
 
 
@@ -163,11 +167,9 @@ async def _write_error(
         await response.write(b"data: " + error.body() + b"\n\n" + SSE_DONE)
         await response.write_eof()
         return response
-    await response.write(error.body())
-    # Cut the connection before the chunked body ends: every client then raises instead of parsing a 200.
-    transport = request.transport
-    if transport is not None:
-        transport.abort()
-    with contextlib.suppress(ConnectionError):
-        await response.write(b"")
+    # The error object, then a second JSON value: the body as a whole is not valid JSON, so every client
+    # raises once (the OpenAI SDK a JSONDecodeError, LiteLLM an InternalServerError, an httpx user's
+    # .json() a JSONDecodeError) instead of parsing a 200 as a completion, and none of them retries.
+    await response.write(error.body() + ERROR_TRAILER)
+    await response.write_eof()
     return response

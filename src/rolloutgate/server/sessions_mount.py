@@ -45,6 +45,7 @@ class GatewayDispatcher:
             client_streams=False,
             forward_headers={"X-SMG-Routing-Key": call.routing_key},
         )
+        outbox = exchange.subscribe()
         ctx.driver.submit(
             exchange,
             RequestArrived(
@@ -56,9 +57,10 @@ class GatewayDispatcher:
             ),
         )
         try:
-            item = await exchange.outbox.get()
+            item = await outbox.get()
         except asyncio.CancelledError:
-            ctx.driver.client_disconnected(exchange)
+            if exchange.unsubscribe(outbox):
+                ctx.driver.client_disconnected(exchange)
             raise
         if isinstance(item, Finished):
             return SessionAnswer(

@@ -43,6 +43,7 @@ _OVERRIDES: dict[str, tuple[str, type, str, float]] = {
     "--weight-update-s": ("weight_update_s", float, "duration of a weight update (simulated s)", 1.0),
     "--disconnect-lag-s": ("disconnect_lag_s", float, "SGLang: lag before a disconnect aborts", 1.0),
 }
+_ALIASES = {"--chunked-prefill-size": ("--chunk-size",)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,13 +65,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group = parser.add_argument_group("profile overrides")
     for flag, (_field, kind, help_text, _scale) in _OVERRIDES.items():
-        group.add_argument(flag, type=kind, default=None, help=help_text)
+        names = [flag, *_ALIASES.get(flag, ())]
+        group.add_argument(*names, dest=_dest(flag), type=kind, default=None, help=help_text)
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for flag, (field, _kind, _help, scale) in _OVERRIDES.items():
-        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        value = getattr(args, _dest(flag))
         if value is not None:
             out[field] = value * scale if scale != 1.0 else value
     if args.no_prefix_cache:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rolloutgate.sim.faults import Fault
 from rolloutgate.sim.prefix_cache import PrefixCache, block_hashes
@@ -38,6 +39,9 @@ from rolloutgate.sim.profiles import SimEngineConfig, decode_step_s, prefill_chu
 from rolloutgate.sim.request import FinishReason, RequestState, SimRequest
 from rolloutgate.sim.stats import EngineStats
 from rolloutgate.sim.tokens import EOS_TOKEN_ID
+
+if TYPE_CHECKING:
+    from rolloutgate.sim.ledger import GenerationLedger
 
 __all__ = ("PAUSE_MODES", "EngineModel")
 
@@ -83,6 +87,7 @@ class EngineModel:
         self.faults: dict[str, Fault] = {}
         self.pause_mode: str | None = None
         self.stats = EngineStats()
+        self.ledger: GenerationLedger | None = None  # benchmarks: every generation and hold (sim/ledger.py)
 
     # ----------------------------------------------------------------------------- queries
 
@@ -192,7 +197,7 @@ class EngineModel:
             for req in [r for r in self._live.values() if not r.internal]:
                 self._abort_one(req, now, None, at_once=True)
         elif mode == "retract":
-            self._retract_all()
+            self._retract_all(now)
         if mode not in ("drain", "wait"):
             self._hold("pause", now)
         self._settle_aborts(now)
@@ -511,6 +516,8 @@ class EngineModel:
         req.abort_pending = None
         self._live.pop(req.rid, None)
         self._touched[id(req)] = req
+        if self.ledger is not None:
+            self.ledger.finished(req)
         if req.internal:
             return
         self._recent[req.rid] = req
@@ -518,10 +525,12 @@ class EngineModel:
             self._recent.popitem(last=False)
         self.stats.record_finish(reason.kind, req.e2e_latency())
 
-    def _retract_all(self) -> None:
+    def _retract_all(self, now: float) -> None:
         """Every admitted request goes back to the head of the queue, its KV freed (SGLang `retract`)."""
         self._step = None
         self._decodes_owed = 0
+        for req in list(self._pending_aborts.values()):  # being aborted anyway: end them now
+            self._finish(req, req.abort_pending or FinishReason(kind="abort", message="Aborted"), now)
         retracted = [r for r in (*self._running.values(), *self._prefilling.values()) if not r.is_finished]
         retracted.sort(key=lambda r: r.submitted_at)
         for req in retracted:
@@ -538,11 +547,15 @@ class EngineModel:
         if not self._holds and self._step is not None:
             self._step.remaining_s = max(0.0, self._step.end_at - now)
         self._holds.add(reason)
+        if self.ledger is not None:
+            self.ledger.held(reason, now)
 
     def _release(self, reason: str, now: float) -> None:
         if reason not in self._holds:
             return
         self._holds.discard(reason)
+        if self.ledger is not None:
+            self.ledger.released(reason, now)
         if not self._holds:
             if self._step is not None:
                 self._step.end_at = now + self._step.remaining_s

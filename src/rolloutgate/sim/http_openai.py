@@ -132,6 +132,7 @@ class OpenAIRoutes:
                 finish = req.finish
                 if finish is not None and finish.status_code is not None:
                     return self.error(finish.message or "aborted", finish.status_code)
+                fmt.weight_version = engine.weight_version  # as of the answer, like the engines
                 return json_response(fmt.whole(), headers=headers)
             return await self._stream(request, req, fmt, params, listener, headers)
         except asyncio.CancelledError:
@@ -174,6 +175,8 @@ class OpenAIRoutes:
                         frames.append(sse(fmt.usage_chunk()))
                     frames.append(DONE)
                     await response.write(b"".join(frames))
+                    if self.engine.model.ledger is not None:
+                        self.engine.model.ledger.written(req.rid)
                     return response
                 if frames:
                     await response.write(b"".join(frames))

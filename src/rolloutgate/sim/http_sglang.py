@@ -152,6 +152,9 @@ class SGLangRoutes:
                     await response.write(b"".join(frames))
                 if all(c.done for c in cursors):
                     await response.write(DONE)
+                    if self.engine.model.ledger is not None:
+                        for req in reqs:
+                            self.engine.model.ledger.written(req.rid)
                     return response
                 await wait_change(listener)
         except WRITE_ERRORS:

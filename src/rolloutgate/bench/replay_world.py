@@ -1,0 +1,231 @@
+"""One mode of the replay: simulated engines, one gateway (engine time or wallclock), the agents, the events.
+
+Theory of operation: `run_mode` starts the `incident` engines with a ledger on each (sim/ledger.py), the gateway
+with its tap (replay_tap.py), the agent fleet (replay_agents.py), and one task per scripted event of the
+timeline (replay_scenario.py). At the end of the duration it stops the agents, takes every record (agents,
+gateway, engines) and returns them as one JSON-able `ModeRecords`; replay_measure.py turns them into figures.
+
+Events:
+- storm: `storm_sessions` new agents start at once, each with a ~100K-token history and one short turn;
+- update: engine-time mode calls the gateway's `/admin/update_weights` (gate closed, engines paused in place,
+  weights loaded, resumed); wallclock mode pauses every engine itself (`/pause_generation` in place), loads the
+  weights, continues (the gateway knows nothing, like the incident's proxy);
+- freeze: the engine stops for good. The freeze lands while the engine is decoding, not in the middle of a
+  ~100K-token prefill, so that "detected within stall_timeout" is what is measured (during a large prefill the
+  gateway rightly allows the prefill's time on top, see core/liveness.py); the wait is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from rolloutgate.bench.replay_agents import AgentFleet
+from rolloutgate.bench.replay_scenario import ReplayConfig, ScenarioEvent, agent_plan, timeline
+from rolloutgate.bench.replay_tap import TappedGateway
+from rolloutgate.config import EngineSpec, GatewaySettings
+from rolloutgate.sim import SimCluster
+from rolloutgate.sim.engine import SimEngine
+from rolloutgate.sim.faults import Fault
+from rolloutgate.sim.ledger import GenerationLedger
+
+__all__ = ("ModeRecords", "run_mode")
+
+log = logging.getLogger("rolloutgate.replay")
+
+Progress = Callable[[dict[str, Any]], None]
+_LARGE_PREFILL_TOKENS = 4096  # the gateway's contention threshold (core/config.py)
+_PROGRESS_EVERY_REAL_S = 0.5
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModeRecords:
+    """Everything one mode's run recorded (JSON-able dicts), simulated seconds throughout."""
+
+    mode: str
+    config: dict[str, Any]
+    engine_urls: list[str]
+    events: list[dict[str, Any]]
+    turns: list[dict[str, Any]]
+    attempts: list[dict[str, Any]]
+    ends: list[dict[str, Any]]
+    marks: list[dict[str, Any]]
+    generations: list[dict[str, Any]]
+    holds: list[dict[str, Any]]
+    ended_at: float
+    real_s: float
+    cpu_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModeRecords:
+        return cls(**data)
+
+
+def gateway_settings(config: ReplayConfig, mode: str, urls: list[str]) -> GatewaySettings:
+    return GatewaySettings(
+        host="127.0.0.1",
+        port=0,
+        engines=[EngineSpec(url=url, family="sglang") for url in urls],
+        time_scale=config.time_scale,
+        clock=mode,  # type: ignore[arg-type]
+        timeout=config.gateway_timeout_s,
+        stall_timeout=config.stall_timeout_s,
+        progress_every_tokens=config.progress_every_tokens,
+        log_level="warning",
+    )
+
+
+class _Events:
+    """Runs the scripted events of one mode and remembers when each really happened."""
+
+    def __init__(
+        self,
+        config: ReplayConfig,
+        mode: str,
+        cluster: SimCluster,
+        gateway: TappedGateway,
+        fleet: AgentFleet,
+        http: aiohttp.ClientSession,
+    ) -> None:
+        self.config = config
+        self.mode = mode
+        self.cluster = cluster
+        self.gateway = gateway
+        self.fleet = fleet
+        self.http = http
+        self.done: list[dict[str, Any]] = []
+
+    async def run(self, event: ScenarioEvent) -> None:
+        delay = self.config.real_s(event.at_s - self.cluster.clock.now())
+        if delay > 0:
+            await asyncio.sleep(delay)
+        record: dict[str, Any] = {"kind": event.kind, "planned_at": event.at_s, **event.detail}
+        record["at"] = self.cluster.clock.now()
+        if event.kind == "storm":
+            wave = int(event.detail["wave"])
+            for index in range(int(event.detail["sessions"])):
+                plan = agent_plan(self.config, wave * 1000 + index, storm=True)
+                self.fleet.start_agent(plan, f"storm{wave}-{index}", sessions=1)
+        elif event.kind == "update":
+            await self._update(record)
+        elif event.kind == "freeze":
+            await self._freeze(self.cluster.engines[int(event.detail["engine"])], record)
+        record["ended_at"] = self.cluster.clock.now()
+        self.done.append(record)
+
+    async def _update(self, record: dict[str, Any]) -> None:
+        body = {"model_path": "sim-model-v2", "weight_version": "v2"}
+        if self.mode == "engine":
+            payload = {"path": "/update_weights_from_disk", "body": body, "mode": "in_place"}
+            async with self.http.post(f"{self.gateway.url}/admin/update_weights", json=payload) as response:
+                record["status"] = response.status
+            return
+        # wallclock: whoever updates the weights pauses the engines themselves; the proxy knows nothing
+        urls = self.cluster.urls
+
+        async def post(url: str, path: str, payload: dict[str, Any]) -> None:
+            async with self.http.post(url + path, json=payload) as response:
+                await response.read()
+
+        await asyncio.gather(*(post(u, "/pause_generation", {"mode": "in_place"}) for u in urls))
+        await asyncio.gather(*(post(u, "/update_weights_from_disk", body) for u in urls))
+        await asyncio.gather(*(post(u, "/continue_generation", {}) for u in urls))
+        record["status"] = 200
+
+    async def _freeze(self, engine: SimEngine, record: dict[str, Any]) -> None:
+        poll_s = max(0.01, self.config.real_s(0.5))
+        while _has_large_prefill(engine):
+            await asyncio.sleep(poll_s)
+        record["waited_s"] = self.cluster.clock.now() - record["at"]
+        record["at"] = self.cluster.clock.now()
+        engine.set_fault(Fault(kind="freeze"))
+
+
+def _has_large_prefill(engine: SimEngine) -> bool:
+    return any(
+        r.state.value == "prefilling" and r.prompt_tokens - r.cached_tokens >= _LARGE_PREFILL_TOKENS
+        for r in engine.requests().values()
+    )
+
+
+async def run_mode(config: ReplayConfig, mode: str, progress: Progress | None = None) -> ModeRecords:
+    """Run one mode ("engine" or "wallclock") for `config.duration_s` simulated seconds."""
+    if mode not in ("engine", "wallclock"):
+        raise ValueError(f"mode must be 'engine' or 'wallclock', got {mode!r}")
+    from rolloutgate.bench.replay_agents import import_litellm
+
+    litellm = import_litellm()
+    real0, cpu0 = time.perf_counter(), time.process_time()
+    async with SimCluster(
+        engines=config.engines, api="sglang", profile="incident", time_scale=config.time_scale, seed=config.seed
+    ) as cluster:
+        ledgers = [GenerationLedger.attach(engine) for engine in cluster.engines]
+        clock = cluster.clock
+        gateway = TappedGateway(gateway_settings(config, mode, cluster.urls), now=clock.now)
+        await gateway.start()
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            fleet = AgentFleet(config, gateway.url, clock.now, litellm, http)
+            for index in range(config.agents):
+                fleet.start_agent(agent_plan(config, index), f"a{index:02d}")
+            events = _Events(config, mode, cluster, gateway, fleet, http)
+            event_tasks = [asyncio.create_task(events.run(e)) for e in timeline(config)]
+            try:
+                while clock.now() < config.duration_s:
+                    if progress is not None:
+                        progress(_progress(mode, clock.now(), fleet, config))
+                    remaining = config.real_s(config.duration_s - clock.now())
+                    await asyncio.sleep(min(_PROGRESS_EVERY_REAL_S, max(0.0, remaining)))
+            finally:
+                ended_at = clock.now()
+                for task in event_tasks:
+                    task.cancel()
+                await asyncio.gather(*event_tasks, return_exceptions=True)
+                await fleet.stop()
+        generations: list[dict[str, Any]] = []
+        holds: list[dict[str, Any]] = []
+        for engine, ledger in zip(cluster.engines, ledgers, strict=True):
+            engine.sync()
+            live = [r for r in engine.model.requests() if not r.is_finished]
+            records, engine_holds = ledger.snapshot(live)
+            generations += [r.to_json() for r in records]
+            holds += [h.to_json() for h in engine_holds]
+        result = ModeRecords(
+            mode=mode,
+            config=config.to_json(),
+            engine_urls=list(cluster.urls),
+            events=events.done,
+            turns=[t.to_json() for t in fleet.turns],
+            attempts=[a.to_json() for a in gateway.attempts],
+            ends=[e.to_json() for e in gateway.ends.values()],
+            marks=[m.to_json() for m in gateway.marks],
+            generations=generations,
+            holds=holds,
+            ended_at=ended_at,
+            real_s=time.perf_counter() - real0,
+            cpu_s=time.process_time() - cpu0,
+        )
+        if progress is not None:
+            progress(_progress(mode, ended_at, fleet, config) | {"done": True})
+        await gateway.stop()
+    return result
+
+
+def _progress(mode: str, now: float, fleet: AgentFleet, config: ReplayConfig) -> dict[str, Any]:
+    turns = fleet.turns
+    return {
+        "mode": mode,
+        "now": round(min(now, config.duration_s), 1),
+        "duration": config.duration_s,
+        "turns_ok": sum(1 for t in turns if t.ok),
+        "turns_failed": sum(1 for t in turns if t.ok is False),
+    }

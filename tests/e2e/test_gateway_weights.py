@@ -1,0 +1,87 @@
+"""A weight update cycle through the gate gives no client error: requests in flight and requests arriving
+during the update all get their whole answer, in every pause mode. The engines themselves confirm the pause
+(`/is_paused`, a frozen token counter) and the update (`/weight_info`)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+from tests.e2e.calls import Answer, openai_call, openai_client, started_streams
+from tests.e2e.conftest import MakeGateway
+from tests.e2e.harness import EngineSet, scrape_all
+
+pytestmark = pytest.mark.e2e
+
+TOKENS = 600  # a few seconds per request on the tiny CPU model
+
+
+async def requests(engines: EngineSet, client: Any, count: int) -> list[asyncio.Task[Answer]]:
+    return [
+        asyncio.create_task(openai_call(client, engines, stream=i % 2 == 0, max_tokens=TOKENS))
+        for i in range(count)
+    ]
+
+
+def assert_whole(answers: list[Answer]) -> None:
+    for answer in answers:
+        assert (answer.tokens, answer.finish_reason) == (TOKENS, "length"), answer
+
+
+@pytest.mark.parametrize("mode", ["drain", "abort", "in_place"])
+async def test_weight_update_cycle_gives_no_client_error(
+    engines: EngineSet, gateways: MakeGateway, mode: str
+) -> None:
+    gateway = gateways()
+    client = openai_client(gateway)
+    version = f"e2e-{mode}-{uuid.uuid4().hex[:8]}"
+    in_flight = await requests(engines, client, len(engines.urls) * 2)
+    await asyncio.sleep(1.0)  # let them reach the engines
+    async with httpx.AsyncClient(timeout=300.0) as admin:
+        update = asyncio.create_task(
+            admin.post(
+                gateway.url + "/admin/update_weights",
+                json={"path": "/update_weight_version", "body": {"new_version": version}, "mode": mode},
+            )
+        )
+        await asyncio.sleep(0.2)
+        arriving = await requests(engines, client, len(engines.urls) * 2)
+        report = await update
+        assert report.status_code == 200, report.text
+        assert report.json()["ok"] is True
+        for url in engines.urls:
+            assert (await admin.get(url + "/weight_info")).json()["weight_version"] == version
+    assert_whole(await asyncio.gather(*in_flight, *arriving))
+    await client.close()
+
+
+@pytest.mark.parametrize("mode", ["abort", "in_place"])
+async def test_gate_pause_pauses_the_engines_and_loses_nothing(
+    engines: EngineSet, gateways: MakeGateway, mode: str
+) -> None:
+    gateway = gateways()
+    holders = await started_streams(gateway.url, engines, len(engines.urls), max_tokens=TOKENS)
+    client = openai_client(gateway)
+    async with httpx.AsyncClient(timeout=60.0) as admin:
+        paused = await admin.post(gateway.url + "/admin/pause", json={"mode": mode})
+        assert paused.status_code == 200, paused.text
+        try:
+            arriving = await requests(engines, client, 2)
+            for url in engines.urls:
+                assert (await admin.get(url + "/is_paused")).json() == {"is_paused": True}
+            first = await scrape_all(engines.urls)
+            await asyncio.sleep(1.5)
+            second = await scrape_all(engines.urls)
+            for url in engines.urls:
+                assert second[url].generated == first[url].generated, f"{url} generated while paused"
+                assert second[url].waiting == 0, f"{url} was sent work while the gate was closed"
+            assert not any(t.done() for t in arriving)
+        finally:
+            resumed = await admin.post(gateway.url + "/admin/resume")
+        assert resumed.status_code == 200, resumed.text
+    assert_whole(await asyncio.gather(*arriving))
+    await asyncio.gather(*holders)  # the held streams end normally too (an error would raise here)
+    await client.close()
