@@ -71,6 +71,14 @@ class GatewaySettings(BaseSettings):
     max_queue: int = Field(default=100_000, ge=1)
     max_attempts: int = Field(default=3, ge=1)
     no_engine_grace: float = Field(default=30.0, ge=0)
+    contention_min_prefill_tokens: int = Field(
+        default=4096,
+        ge=0,
+        description="only prefills of at least this many uncached tokens count as contention",
+    )
+    affinity_max_excess: int = Field(
+        default=8, ge=0, description="in flight above the least loaded engine before a session moves"
+    )
     progress_every_tokens: int = Field(default=1, ge=1, description="stream interval asked of engines")
 
     keepalive_interval: float = Field(default=15.0, ge=0, description="0 turns keep-alive off")
@@ -93,8 +101,12 @@ class GatewaySettings(BaseSettings):
     tokenizer: str | None = None
     session_max: int = Field(default=10_000, ge=1, description="sessions held at once")
     session_max_records: int = Field(default=1_000, ge=1, description="turn records per session")
-    session_idle_ttl: float = Field(default=3600.0, gt=0, description="idle seconds before a session is evicted")
-    session_max_bytes: int = Field(default=4 * 1024**3, ge=1, description="approximate memory bound, all sessions")
+    session_idle_ttl: float = Field(
+        default=3600.0, gt=0, description="idle seconds before a session is evicted"
+    )
+    session_max_bytes: int = Field(
+        default=4 * 1024**3, ge=1, description="approximate memory bound, all sessions"
+    )
     state_dir: str | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

@@ -61,7 +61,9 @@ def measure_dispatch(
         nonlocal serial
         serial += 1
         key = f"session-{serial % 1000}" if sessions else None
-        return core.handle(RequestArrived(request_id=f"r{serial:09d}", routing_key=key, prompt_tokens=64), now)
+        return core.handle(
+            RequestArrived(request_id=f"r{serial:09d}", routing_key=key, prompt_tokens=64), now
+        )
 
     for _ in range(engines * capacity + queued):
         for command in arrive():

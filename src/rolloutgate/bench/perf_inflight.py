@@ -25,7 +25,7 @@ from typing import Any
 
 from rolloutgate.bench.perf_procs import ManagedProcess, pin_prefix, rss_bytes
 
-__all__ = ("InflightResult", "SLOW_ENGINE_FLAGS", "max_streams_for_fd_limit", "measure_inflight")
+__all__ = ("SLOW_ENGINE_FLAGS", "InflightResult", "max_streams_for_fd_limit", "measure_inflight")
 
 DECODE_S = 10.0  # one token per stream every 10 s: few events, below the gateway's health-check timeout
 

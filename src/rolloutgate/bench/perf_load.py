@@ -80,7 +80,9 @@ wrk.body = [==[%s]==]
 """
 
 
-def _run_wrk(url: str, body: dict[str, Any], connections: int, duration_s: float, cpus: str | None) -> LoadResult:
+def _run_wrk(
+    url: str, body: dict[str, Any], connections: int, duration_s: float, cpus: str | None
+) -> LoadResult:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(_LUA % json.dumps(body, separators=(",", ":")))
     try:

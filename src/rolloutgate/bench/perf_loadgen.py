@@ -167,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     hold.add_argument("--body", required=True)
     hold.add_argument("--count", type=int, default=10_000)
     hold.add_argument("--hold", type=float, default=5.0)
-    hold.add_argument("--open-rate", type=float, default=2000.0, help="new streams per second (0: all at once)")
+    hold.add_argument(
+        "--open-rate", type=float, default=2000.0, help="new streams per second (0: all at once)"
+    )
     hold.add_argument("--open-timeout", type=float, default=120.0)
     args = parser.parse_args(argv)
     try:

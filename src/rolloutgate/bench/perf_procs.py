@@ -32,8 +32,8 @@ __all__ = (
     "machine_description",
     "pin_prefix",
     "repin",
-    "rss_bytes",
     "router_python",
+    "rss_bytes",
     "start_gateway",
     "start_router",
     "start_sim",
@@ -309,9 +309,7 @@ def start_router(cpus: str | None, engine_urls: list[str], python: Path) -> Mana
     return ManagedProcess("sglang-router", popen, url)
 
 
-def wait_http_ok(
-    url: str, *, timeout_s: float, process: subprocess.Popen[str] | None = None
-) -> None:
+def wait_http_ok(url: str, *, timeout_s: float, process: subprocess.Popen[str] | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:

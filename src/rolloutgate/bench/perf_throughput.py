@@ -31,7 +31,10 @@ OUTPUT_TOKENS = 16  # max_new_tokens of every request; the fast profile always g
 
 
 def request_body(streaming: bool) -> dict[str, Any]:
-    body: dict[str, Any] = {"input_ids": list(range(11, 27)), "sampling_params": {"max_new_tokens": OUTPUT_TOKENS}}
+    body: dict[str, Any] = {
+        "input_ids": list(range(11, 27)),
+        "sampling_params": {"max_new_tokens": OUTPUT_TOKENS},
+    }
     if streaming:
         body["stream"] = True
     return body
@@ -145,7 +148,9 @@ def summarize_matrix(cells: list[Cell], reference: str = "sglang-router") -> lis
     }
     rows = []
     for target, streaming, connections in keys:
-        mine = [c for c in cells if (c.target, c.streaming, c.connections) == (target, streaming, connections)]
+        mine = [
+            c for c in cells if (c.target, c.streaming, c.connections) == (target, streaming, connections)
+        ]
         requests = sum(c.load.requests for c in mine)
         cpu = sum(c.cpu_s for c in mine)
         ratios = []
@@ -163,7 +168,9 @@ def summarize_matrix(cells: list[Cell], reference: str = "sglang-router") -> lis
                 "p99_ms": _median([c.load.p99_ms for c in mine]),
                 "failures": sum(c.load.failures for c in mine),
                 "cpu_s_per_1k_requests": 1000 * cpu / requests if requests else float("nan"),
-                "cpu_s_per_million_tokens": 1e6 * cpu / (requests * OUTPUT_TOKENS) if requests else float("nan"),
+                "cpu_s_per_million_tokens": 1e6 * cpu / (requests * OUTPUT_TOKENS)
+                if requests
+                else float("nan"),
                 "cores_busy": cpu / sum(c.load.seconds for c in mine) if mine else float("nan"),
                 "ratio_to_reference": _median(ratios) if ratios else None,
                 "rounds": len(mine),

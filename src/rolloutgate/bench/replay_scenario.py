@@ -110,7 +110,9 @@ def timeline(config: ReplayConfig) -> list[ScenarioEvent]:
         for i, f in enumerate(config.storms_at)
     ]
     events.append(ScenarioEvent(kind="update", at_s=config.update_at * d))
-    events.append(ScenarioEvent(kind="freeze", at_s=config.freeze_at * d, detail={"engine": config.frozen_engine}))
+    events.append(
+        ScenarioEvent(kind="freeze", at_s=config.freeze_at * d, detail={"engine": config.frozen_engine})
+    )
     return sorted(events, key=lambda e: e.at_s)
 
 
@@ -133,8 +135,10 @@ class AgentPlan:
     def __init__(self, config: ReplayConfig, agent: int, *, storm: bool = False) -> None:
         self.config = config
         self.agent = agent
-        self.start_s = 0.0 if storm else random.Random(f"{config.seed}/start/{agent}").uniform(
-            0.0, config.start_spread_s
+        self.start_s = (
+            0.0
+            if storm
+            else random.Random(f"{config.seed}/start/{agent}").uniform(0.0, config.start_spread_s)
         )
         self._storm = storm
         self._count = 0
@@ -147,7 +151,9 @@ class AgentPlan:
         if self._storm:
             return SessionPlan(
                 history_tokens=history,
-                turns=(TurnPlan(kind="storm", max_tokens=rng.randint(*config.storm_tokens), tool_time_s=0.0),),
+                turns=(
+                    TurnPlan(kind="storm", max_tokens=rng.randint(*config.storm_tokens), tool_time_s=0.0),
+                ),
             )
         turns = [TurnPlan(kind="opening", max_tokens=rng.randint(*config.opening_tokens), tool_time_s=0.0)]
         for _ in range(config.turns_per_session - 1):

@@ -37,7 +37,9 @@ from rolloutgate.server.exchange import Exchange, Finished
 __all__ = ("AttemptRecord", "EngineMark", "RequestEnd", "TappedGateway")
 
 TURN_HEADER = "X-Replay-Turn"
-_CURRENT: contextvars.ContextVar[AttemptRecord | None] = contextvars.ContextVar("replay_attempt", default=None)
+_CURRENT: contextvars.ContextVar[AttemptRecord | None] = contextvars.ContextVar(
+    "replay_attempt", default=None
+)
 
 
 @dataclass(slots=True)

@@ -166,7 +166,11 @@ async def run_mode(config: ReplayConfig, mode: str, progress: Progress | None = 
     litellm = import_litellm()
     real0, cpu0 = time.perf_counter(), time.process_time()
     async with SimCluster(
-        engines=config.engines, api="sglang", profile="incident", time_scale=config.time_scale, seed=config.seed
+        engines=config.engines,
+        api="sglang",
+        profile="incident",
+        time_scale=config.time_scale,
+        seed=config.seed,
     ) as cluster:
         ledgers = [GenerationLedger.attach(engine) for engine in cluster.engines]
         clock = cluster.clock

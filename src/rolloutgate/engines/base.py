@@ -128,16 +128,24 @@ class UpstreamError(Exception):
 
     `status` is the engine's HTTP status when it answered with an error; `body` its error body (JSON bytes),
     passed to the client as-is for non-retryable client errors (e.g. a 400 for a bad parameter).
+    `unreachable`: no connection could be made at all (refused, DNS): the engine itself is down.
     """
 
     def __init__(
-        self, message: str, *, retryable: bool, status: int | None = None, body: bytes | None = None
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        status: int | None = None,
+        body: bytes | None = None,
+        unreachable: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.retryable = retryable
         self.status = status
         self.body = body
+        self.unreachable = unreachable
 
 
 class EngineClient(Protocol):

@@ -292,7 +292,7 @@ def map_exceptions(what: str) -> Iterator[None]:
     except UpstreamError:
         raise
     except aiohttp.ClientConnectorError as exc:
-        raise UpstreamError(f"{what}: cannot connect: {exc}", retryable=True) from exc
+        raise UpstreamError(f"{what}: cannot connect: {exc}", retryable=True, unreachable=True) from exc
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
         raise UpstreamError(f"{what}: connection lost mid-response: {exc}", retryable=True) from exc
     except aiohttp.ClientResponseError as exc:

@@ -74,6 +74,8 @@ def _core_config(settings: GatewaySettings) -> GatewayCoreConfig:
         max_attempts=settings.max_attempts,
         no_engine_grace_s=settings.no_engine_grace,
         retry_grace_s=settings.retry_grace,
+        contention_min_prefill_tokens=settings.contention_min_prefill_tokens,
+        affinity_max_excess=settings.affinity_max_excess,
     )
 
 
@@ -175,8 +177,8 @@ async def _join(pool: EnginePool, spec: EngineSpec, retry_s: float) -> None:
 def _state(ctx: GatewayContext) -> dict[str, Any]:
     stats = ctx.driver.core.stats()
     return {
-        "queue_depth": getattr(stats, "queue_depth", 0),
-        "in_flight": dict(getattr(stats, "in_flight", {}) or {}),
+        "queue_depth": stats.queue_depth,
+        "in_flight": dict(stats.in_flight),
         "engine_states": {e.engine_id: e.state for e in ctx.pool.engines.values()},
     }
 

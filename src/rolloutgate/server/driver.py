@@ -128,7 +128,10 @@ class Driver:
         self.handle(arrived)
 
     def handle(self, event: Event) -> None:
-        commands = self.core.handle(event, self.clock.now())
+        now = self.clock.now()
+        if now >= self._timer_at:  # an overdue deadline fires before the core hears anything newer
+            self._on_timer()
+        commands = self.core.handle(event, now)
         if commands:
             self._execute(commands)
         self._arm_timer()
@@ -176,7 +179,9 @@ class Driver:
         self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
 
     def _on_timer(self) -> None:
-        self._timer = None
+        if self._timer is not None:
+            self._timer.cancel()  # when called early (from handle), the scheduled call is not needed
+            self._timer = None
         self._timer_at = math.inf
         commands = self.core.on_time(self.clock.now())
         if commands:
@@ -246,7 +251,7 @@ class Driver:
             async for event in client.generate(call):
                 if exchange.attempt != attempt or exchange.ended:
                     return
-                self.handle(ProgressReported(request_id=request_id, tokens=event.tokens))
+                self.handle(ProgressReported(request_id=request_id, tokens=event.tokens, attempt=attempt))
                 self.metrics.generated_tokens.inc(event.tokens)
                 if streams:
                     if event.is_gateway_only:
@@ -257,7 +262,7 @@ class Driver:
                     assert exchange.assembler is not None
                     exchange.assembler.add(event)
             if exchange.attempt == attempt and not exchange.ended:
-                self.handle(UpstreamFinished(request_id=request_id))
+                self.handle(UpstreamFinished(request_id=request_id, attempt=attempt))
         except UpstreamError as error:
             if exchange.attempt == attempt and not exchange.ended:
                 if not error.retryable:
@@ -268,6 +273,8 @@ class Driver:
                         reason=error.message,
                         retryable=error.retryable,
                         status=error.status,
+                        attempt=attempt,
+                        engine_unreachable=error.unreachable,
                     )
                 )
 

@@ -161,4 +161,3 @@ class GenerationLedger:
 
     def __repr__(self) -> str:
         return f"<GenerationLedger engine {self.engine}: {len(self.records)} generations, {len(self.holds)} holds>"
-

@@ -1,0 +1,133 @@
+"""The weight-update gate (issue 5): an update in the middle of a run is a non-event for every client."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server.conftest import MakeCluster, MakeGateway
+
+SCALE = 50.0
+UPDATE_S = 45.0  # simulated seconds a weight update takes on each engine
+TIMEOUT_S = 60.0  # charged budget: a request that were charged for the pause too would run out
+TOKENS = 2_500  # ~28 simulated seconds of decode each
+
+
+def chat(stream: bool) -> dict[str, Any]:
+    return {
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": "rollout"}],
+        "max_tokens": TOKENS,
+        "ignore_eos": True,
+        "stream": stream,
+    }
+
+
+def timing_of(response: httpx.Response, body: dict[str, Any] | None) -> dict[str, float]:
+    if body is not None and "rolloutgate_timing" in body:
+        return {
+            k.removesuffix("_s"): v
+            for k, v in body["rolloutgate_timing"].items()
+            if isinstance(v, int | float)
+        }
+    header = response.headers["X-Rolloutgate-Timing"]
+    return {k: float(v) for k, v in (part.split("=") for part in header.split(";"))}
+
+
+async def one_request(http: httpx.AsyncClient, url: str, stream: bool) -> dict[str, float]:
+    if not stream:
+        response = await http.post(f"{url}/v1/chat/completions", json=chat(False))
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["usage"]["completion_tokens"] == TOKENS
+        return {**timing_of(response, body), "weight_version": body["metadata"]["weight_version"]}
+    timing = ""
+    async with http.stream("POST", f"{url}/v1/chat/completions", json=chat(True)) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            assert '"error"' not in line, line
+            if line.startswith(": rolloutgate-timing "):
+                timing = line.removeprefix(": rolloutgate-timing ")
+    return {k: float(v) for k, v in (part.split("=") for part in timing.split(";"))}
+
+
+@pytest.mark.parametrize(
+    ("mode", "stream", "staggered"),
+    [("drain", True, False), ("abort", False, False), ("in_place", True, False), ("in_place", False, True)],
+)
+async def test_an_update_in_the_middle_of_a_run_gives_no_timeout_and_no_client_error(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, mode: str, stream: bool, staggered: bool
+) -> None:
+    cluster = await make_cluster(
+        engines=2, time_scale=SCALE, weight_update_s=UPDATE_S, max_running_requests=4
+    )
+    gateway = await make_gateway(cluster, timeout=TIMEOUT_S, capacity=4)
+    async with httpx.AsyncClient(timeout=120) as http:
+        first_wave = [asyncio.create_task(one_request(http, gateway.url, stream)) for _ in range(12)]
+        await asyncio.sleep(10 / SCALE)  # the update lands while the first wave runs
+        update = asyncio.create_task(
+            http.post(
+                f"{gateway.url}/admin/update_weights",
+                json={
+                    "path": "/update_weights_from_disk",
+                    "body": {"model_path": "/ckpt/step-2", "weight_version": "step-2"},
+                    "mode": mode,
+                    "staggered": staggered,
+                },
+            )
+        )
+        serving = await watch_serving(cluster, update) if staggered else []
+        await asyncio.sleep(0)
+        during = [asyncio.create_task(one_request(http, gateway.url, stream)) for _ in range(4)]
+        report = (await update).json()
+        timings = await asyncio.gather(*first_wave, *during)  # every request completes: no error raised
+    if not stream:  # each answer records the weight version that produced it
+        assert [t["weight_version"] for t in timings[-len(during) :]] == ["step-2"] * len(during)
+    assert report["ok"], report
+    assert [e["ok"] for e in report["engines"]] == [True, True]
+    assert [cluster.engines[i].weight_version for i in range(2)] == ["step-2", "step-2"]
+    assert all(
+        t["charged"] <= TIMEOUT_S < t["charged"] + UPDATE_S for t in timings if t["paused"] >= UPDATE_S
+    )
+    assert all(t["charged"] <= TIMEOUT_S for t in timings)
+    assert any(t["paused"] > 0 for t in timings), timings  # the pause shows in the breakdowns, uncharged
+    if staggered:
+        assert serving and all(serving), "at every sample during a staggered update one engine served"
+
+
+async def watch_serving(cluster: Any, update: asyncio.Task[httpx.Response]) -> list[bool]:
+    """Sample, while the update runs, whether some engine is neither paused nor updating."""
+    samples = []
+    while not update.done():
+        states = [e.state(include_requests=False) for e in cluster.engines]
+        samples.append(any(not s["paused"] and not s["updating_weights"] for s in states))
+        await asyncio.sleep(0.02)
+    return samples
+
+
+async def test_admin_endpoints_refuse_requests_without_the_token(
+    make_cluster: MakeCluster, make_gateway: MakeGateway
+) -> None:
+    gateway = await make_gateway(await make_cluster(engines=1), admin_token="s3cret")
+    async with httpx.AsyncClient(timeout=30) as http:
+        for method, path in [
+            ("POST", "/admin/pause"),
+            ("POST", "/admin/resume"),
+            ("GET", "/admin/state"),
+            ("POST", "/admin/update_weights"),
+            ("GET", "/workers"),
+            ("POST", "/workers"),
+            ("DELETE", "/workers/engine-0"),
+            ("POST", "/add_worker?url=http://127.0.0.1:1"),
+            ("GET", "/list_workers"),
+        ]:
+            for headers in ({}, {"Authorization": "Bearer wrong"}):
+                response = await http.request(method, gateway.url + path, headers=headers, json={})
+                assert response.status_code == 401, (method, path, response.text)
+                assert response.json()["error"]["code"] == "invalid_admin_token"
+        ok = await http.get(f"{gateway.url}/admin/state", headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+        assert ok.json()["gate"]["open"] is True
