@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import httpx
@@ -131,3 +132,59 @@ async def test_admin_endpoints_refuse_requests_without_the_token(
         ok = await http.get(f"{gateway.url}/admin/state", headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200
         assert ok.json()["gate"]["open"] is True
+
+
+@pytest.mark.parametrize("route", ["chat", "generate"])
+async def test_abort_mode_continues_a_stream_from_the_tokens_already_sent(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, route: str
+) -> None:
+    cluster = await make_cluster(engines=1, time_scale=SCALE, weight_update_s=UPDATE_S)
+    gateway = await make_gateway(cluster, timeout=TIMEOUT_S)
+    if route == "chat":
+        path, body = "/v1/chat/completions", chat(True)
+    else:
+        path = "/generate"
+        body = {
+            "input_ids": [5, 6, 7, 8],
+            "stream": True,
+            "sampling_params": {"max_new_tokens": TOKENS, "ignore_eos": True},
+        }
+    async with httpx.AsyncClient(timeout=120) as http:
+        update = None
+        pieces, last_chunk = 0, None
+        async with http.stream("POST", gateway.url + path, json=body) as response:
+            async for line in response.aiter_lines():
+                assert '"error"' not in line, line
+                if line.startswith(": rolloutgate-timing "):
+                    timing = dict(part.split("=") for part in line.split(" ")[-1].split(";"))
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if route == "chat":
+                    pieces += bool(chunk["choices"] and chunk["choices"][0]["delta"].get("content"))
+                else:
+                    assert (
+                        last_chunk is None
+                        or chunk["output_ids"][: len(last_chunk["output_ids"])] == last_chunk["output_ids"]
+                    )
+                    last_chunk = chunk
+                if (
+                    update is None
+                    and (pieces or last_chunk)
+                    and (pieces > 200 or (last_chunk and len(last_chunk["output_ids"]) > 200))
+                ):
+                    update = asyncio.create_task(
+                        http.post(
+                            f"{gateway.url}/admin/update_weights",
+                            json={"body": {"model_path": "x"}, "mode": "abort"},
+                        )
+                    )
+        assert update is not None and (await update).json()["ok"]
+    assert (
+        int(timing["attempts"]) == 2 and float(timing["paused"]) >= UPDATE_S
+    )  # aborted, re-run after resume
+    if route == "chat":
+        assert pieces == TOKENS
+    else:
+        assert last_chunk is not None
+        assert len(last_chunk["output_ids"]) == last_chunk["meta_info"]["completion_tokens"] == TOKENS

@@ -2,11 +2,17 @@
 
 `GatewayServer` runs the app on a host and port (port 0: ephemeral), optionally with simulated engines in the
 same process (`--sim N`), and stops everything in order.
+
+Graceful shutdown (`GatewayServer.stop`, on SIGTERM): stop accepting connections; answer new requests on
+open connections with 503 + Retry-After (so clients retry on another replica); give the requests in flight
+`shutdown_grace` to finish; then end the rest with a 503 (framed in-body if keep-alive already sent a 200)
+and abort their generations on the engines; then close. Bounded: grace + `HAND_BACK_S` + engine aborts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -15,12 +21,13 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from rolloutgate.config import EngineSpec, GatewaySettings
 from rolloutgate.core.events import ClockMode
 from rolloutgate.core.gateway import Gateway, GatewayCoreConfig
 from rolloutgate.engines.base import UpstreamError
-from rolloutgate.errors import BadRequest, GatewayError, NotFound, PayloadTooLarge
+from rolloutgate.errors import BadRequest, GatewayError, NotFound, PayloadTooLarge, Unavailable
 from rolloutgate.server import admin, front, workers
 from rolloutgate.server.attach import Attachments
 from rolloutgate.server.context import CONTEXT, GatewayContext
@@ -34,6 +41,10 @@ __all__ = ("GatewayServer", "build_app")
 
 log = logging.getLogger("rolloutgate")
 request_log = logging.getLogger("rolloutgate.requests")
+http_log = logging.getLogger("rolloutgate.http")
+
+HAND_BACK_S = 5.0  # real seconds, after the grace, for handlers to write their 503s before they are cut
+_ANSWERED_WHILE_DRAINING = frozenset({"/health", "/metrics"})
 
 
 @web.middleware
@@ -67,6 +78,48 @@ async def errors_middleware(request: web.Request, handler: Any) -> web.StreamRes
         return web.Response(status=500, body=error.body(), headers=error.headers())
 
 
+@web.middleware
+async def shutdown_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Counts running handlers (what a graceful shutdown waits for); while draining, refuses new work."""
+    ctx = request.app[CONTEXT]
+    if ctx.draining and request.path not in _ANSWERED_WHILE_DRAINING:
+        raise Unavailable("the gateway is shutting down; retry on another replica", retry_after_s=1)
+    ctx.active_requests += 1
+    try:
+        return await handler(request)
+    finally:
+        ctx.active_requests -= 1
+
+
+class _HttpErrorLog:
+    """The logger aiohttp's protocol handler uses: malformed requests (oversized headers, bad request lines)
+    are logged as one line naming the error type, never with aiohttp's excerpt of the offending bytes, which
+    can hold a token or part of a body."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._log = logger
+
+    def exception(self, msg: str, *args: Any, exc_info: Any = None, **kwargs: Any) -> None:
+        if isinstance(exc_info, HttpProcessingError):  # the client's malformed request: one line, no bytes
+            self._log.warning("%s: %s", msg % args if args else msg, _describe(exc_info))
+        else:  # a gateway bug: keep the traceback
+            self._log.error(msg, *args, exc_info=exc_info, **kwargs)
+
+    def debug(self, msg: str, *args: Any, exc_info: Any = None, **_: Any) -> None:
+        if self._log.isEnabledFor(logging.DEBUG):
+            self._log.debug("%s: %s", msg % args if args else msg, _describe(exc_info))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._log, name)
+
+
+def _describe(exc_info: Any) -> str:
+    if isinstance(exc_info, BaseException):
+        status = getattr(exc_info, "code", None) or getattr(exc_info, "status", None)
+        return f"{type(exc_info).__name__}" + (f" (HTTP {status})" if status else "")
+    return "no details"
+
+
 def _core_config(settings: GatewaySettings) -> GatewayCoreConfig:
     return GatewayCoreConfig(
         clock_mode=ClockMode(settings.clock),
@@ -93,7 +146,9 @@ def _log_request(exchange: Exchange, outcome: Finished | GatewayError) -> None:
 
 
 def build_app(settings: GatewaySettings) -> web.Application:
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[errors_middleware])
+    app = web.Application(
+        client_max_size=settings.max_body_bytes, middlewares=[errors_middleware, shutdown_middleware]
+    )
     clock = GatewayClock(settings.time_scale)
     metrics = Metrics()
     driver = Driver(
@@ -147,10 +202,15 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         ctx.extras["sim"] = cluster
         specs += [EngineSpec(url=url, family=settings.sim_api) for url in cluster.urls]
     retry_s = driver.clock.real_seconds(settings.health_interval)
-    joiners = [asyncio.create_task(_join(pool, spec, retry_s)) for spec in specs]
-    # Wait briefly so a healthy pool is ready when the server starts answering; stragglers keep retrying.
-    if joiners:
-        await asyncio.wait(joiners, timeout=30)
+    first_tries = [asyncio.get_running_loop().create_future() for _ in specs]
+    joiners = [
+        asyncio.create_task(_join(pool, spec, retry_s, tried))
+        for spec, tried in zip(specs, first_tries, strict=True)
+    ]
+    # Wait until every engine joined or failed once (bounded), so a reachable pool is ready when the server
+    # starts answering and an unreachable engine (refused, DNS) does not hold start-up; it keeps retrying.
+    if first_tries:
+        await asyncio.wait(first_tries, timeout=30)
     try:
         yield
     finally:
@@ -163,15 +223,22 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
             await cluster.__aexit__(None, None, None)
 
 
-async def _join(pool: EnginePool, spec: EngineSpec, retry_s: float) -> None:
-    """Add an engine, retrying while it cannot be reached (DNS, refused) so start-up order does not matter."""
-    while True:
-        try:
-            await pool.add(spec)
-            return
-        except UpstreamError as exc:
-            log.warning("engine %s not reachable yet (%s); retrying", spec.url, exc.message)
+async def _join(pool: EnginePool, spec: EngineSpec, retry_s: float, tried: asyncio.Future[None]) -> None:
+    """Add an engine, retrying while it cannot be reached (DNS, refused) so start-up order does not matter.
+    `tried` is set after the first attempt, whatever its outcome."""
+    try:
+        while True:
+            try:
+                await pool.add(spec)
+                return
+            except UpstreamError as exc:
+                log.warning("engine %s not reachable yet (%s); retrying", spec.url, exc.message)
+            if not tried.done():
+                tried.set_result(None)
             await asyncio.sleep(retry_s)
+    finally:
+        if not tried.done():
+            tried.set_result(None)
 
 
 def _state(ctx: GatewayContext) -> dict[str, Any]:
@@ -195,10 +262,20 @@ class GatewayServer:
     app: web.Application = field(init=False)
     runner: web.AppRunner | None = None
     url: str = ""
+    _hurry: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
 
     async def start(self) -> str:
         self.app = build_app(self.settings)
-        self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        self.runner = web.AppRunner(
+            self.app,
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=HAND_BACK_S,
+            max_line_size=self.settings.max_header_bytes,
+            max_field_size=self.settings.max_header_bytes,
+            max_headers=self.settings.max_headers,
+            logger=_HttpErrorLog(http_log),
+        )
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.settings.host, self.settings.port, backlog=4096)
         await site.start()
@@ -211,10 +288,44 @@ class GatewayServer:
     def context(self) -> GatewayContext:
         return self.app[CONTEXT]
 
-    async def stop(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
-            self.runner = None
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Graceful shutdown (module docstring). `grace_s`: real seconds for in-flight requests to finish
+        (default: the `shutdown_grace` setting, in gateway seconds); `hurry()` cuts it short."""
+        runner = self.runner
+        if runner is None:
+            return
+        self.runner = None
+        ctx = self.context
+        ctx.draining = True
+        for site in list(runner.sites):
+            await site.stop()  # no new connections; open ones get 503 for new requests
+        if grace_s is None:
+            grace_s = ctx.driver.clock.real_seconds(self.settings.shutdown_grace)
+        in_flight = ctx.active_requests
+        if in_flight:
+            log.info("shutting down: %d requests in flight get %.1f s to finish", in_flight, grace_s)
+            await self._drained(grace_s)
+        handed_back = ctx.driver.fail_all(
+            lambda: Unavailable(
+                "the gateway shut down before this request finished; retry it", retry_after_s=1
+            )
+        )
+        if handed_back:
+            log.warning("shutdown: %d unfinished requests answered 503 and aborted upstream", handed_back)
+        await runner.cleanup()
+
+    def hurry(self) -> None:
+        """End a graceful shutdown's grace period now (e.g. a second SIGTERM)."""
+        self._hurry.set()
+
+    async def _drained(self, grace_s: float) -> None:
+        ctx = self.context
+        loop = asyncio.get_running_loop()
+        end = loop.time() + grace_s
+        while ctx.active_requests and not self._hurry.is_set() and loop.time() < end:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(0.05, max(0.0, end - loop.time()))):
+                    await self._hurry.wait()
 
     async def __aenter__(self) -> GatewayServer:
         await self.start()

@@ -59,8 +59,6 @@ class Attachments:
     def register(self, key: str, exchange: Exchange, now: float) -> None:
         self.index.register(key, exchange.request_id, now)
         exchange.attach_key = key
-        if exchange.client_streams:
-            exchange.history = []
         self._live[exchange.request_id] = exchange
 
     def ended(self, exchange: Exchange, item: Finished | GatewayError, now: float) -> None:

@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--progress-every-tokens", type=int, help="stream interval asked of engines for non-streaming clients"
     )
     add("--tokenizer", help="local Hugging Face tokenizer folder for token-in-token-out sessions")
-    add("--state-dir", help="folder for durable session records")
+    add("--state-dir", help="folder for durable session records (SQLite); sessions survive a restart")
+    add("--shutdown-grace", type=float, help="seconds in-flight requests get to finish on SIGTERM (default 30)")
     add("--log-level", choices=["debug", "info", "warning", "error"])
 
 
@@ -75,8 +76,17 @@ async def _serve(settings: object) -> None:
     logging.getLogger("rolloutgate").info("rolloutgate serving on %s", url)
     print(f"rolloutgate serving on {url}", flush=True)
     stop = asyncio.Event()
+
+    def on_signal() -> None:
+        # The first SIGTERM/SIGINT starts a graceful shutdown (in-flight requests get `shutdown_grace`);
+        # a second one ends the grace period at once.
+        if stop.is_set():
+            server.hurry()
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     await stop.wait()
     await server.stop()
+    print("rolloutgate stopped", flush=True)

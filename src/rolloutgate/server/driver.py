@@ -46,6 +46,7 @@ from rolloutgate.core.gateway import Gateway
 from rolloutgate.engines.assemble import ResponseAssembler
 from rolloutgate.engines.base import UpstreamCall, UpstreamError
 from rolloutgate.errors import GatewayError, UpstreamFailure, from_fail_reason
+from rolloutgate.server.continuation import CannotContinue, continuation_body
 from rolloutgate.server.exchange import Exchange, Finished
 from rolloutgate.server.metrics import Metrics
 from rolloutgate.server.pool import EnginePool
@@ -223,20 +224,27 @@ class Driver:
         exchange.assembler = None if exchange.client_streams else ResponseAssembler(exchange.route)
         if command.attempt > 1:
             self.metrics.redispatches.inc()
+        body = exchange.body
         if command.delivered_tokens > 0 and exchange.client_streams:
-            # The client already read part of an earlier attempt; a new generation would not continue it.
-            self.handle(
-                UpstreamFailed(
-                    request_id=exchange.request_id,
-                    reason="cannot continue a partially delivered stream on another engine",
-                    retryable=False,
+            # The client already read part of an earlier attempt: ask the next one for the rest.
+            try:
+                body, exchange.stitcher = continuation_body(
+                    exchange.route, exchange.body, exchange.history or [], exchange.delivered_tokens
                 )
-            )
-            return
+            except (CannotContinue, ValueError, KeyError, IndexError) as exc:
+                self.handle(
+                    UpstreamFailed(
+                        request_id=exchange.request_id,
+                        reason=f"cannot continue a partially delivered stream: {exc}",
+                        retryable=False,
+                        attempt=command.attempt,
+                    )
+                )
+                return
         call = UpstreamCall(
             request_id=upstream_id(exchange.request_id, command.attempt),
             route=exchange.route,
-            body=exchange.body,
+            body=body,
             headers=exchange.forward_headers,
             progress_every_tokens=1 if exchange.client_streams else self.progress_every_tokens,
         )
@@ -257,7 +265,8 @@ class Driver:
                     if event.is_gateway_only:
                         continue  # e.g. the usage frame the gateway asked for and the client did not
                     exchange.delivered_tokens += event.tokens
-                    exchange.send_event(event.data)
+                    stitcher = exchange.stitcher
+                    exchange.send_event(event.data if stitcher is None else stitcher.stitch(event.data))
                 else:
                     assert exchange.assembler is not None
                     exchange.assembler.add(event)
@@ -351,6 +360,21 @@ class Driver:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    def fail_all(self, make_error: Callable[[], GatewayError]) -> int:
+        """Shutdown: end every open exchange with `make_error()` (its client reads it) and abort the generations
+        still running upstream, so no engine works for a gateway that is gone. Returns how many ended."""
+        assert self.pool is not None
+        exchanges = list(self.exchanges.values())
+        self.exchanges.clear()
+        for exchange in exchanges:
+            running = exchange.upstream_task is not None and not exchange.upstream_task.done()
+            exchange.cancel_upstream()
+            engine = self.pool.engines.get(exchange.engine_id or "")
+            if running and engine is not None and exchange.attempt:
+                self._spawn(engine.client.abort(upstream_id(exchange.request_id, exchange.attempt)))
+            self._end(exchange, make_error())
+        return len(exchanges)
 
     async def close(self) -> None:
         if self._timer is not None:

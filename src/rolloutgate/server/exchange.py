@@ -19,9 +19,12 @@ from typing import Any
 from rolloutgate.core.timing import TimingBreakdown
 from rolloutgate.engines.assemble import ResponseAssembler
 from rolloutgate.engines.base import Route, UpstreamError
-from rolloutgate.errors import GatewayError
+from rolloutgate.errors import GatewayError, Unavailable
+from rolloutgate.server.continuation import GenerateStitcher
 
-__all__ = ("Exchange", "Finished", "OutboxItem")
+__all__ = ("DEFAULT_CLIENT_BUFFER_BYTES", "Exchange", "Finished", "Outbox", "OutboxItem")
+
+DEFAULT_CLIENT_BUFFER_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +39,37 @@ class Finished:
 OutboxItem = bytes | Finished | GatewayError  # bytes: one stream event's JSON data, forwarded as SSE
 
 
+class Outbox(asyncio.Queue[OutboxItem]):
+    """One subscriber's queue; counts the stream bytes waiting in it (how far its client is behind)."""
+
+    buffered_bytes: int
+    limit_bytes: int
+
+    def _init(self, maxsize: int) -> None:
+        super()._init(maxsize)  # type: ignore[misc]
+        self.buffered_bytes = 0
+        self.limit_bytes = DEFAULT_CLIENT_BUFFER_BYTES
+
+    def _put(self, item: OutboxItem) -> None:
+        super()._put(item)  # type: ignore[misc]
+        if isinstance(item, bytes):
+            self.buffered_bytes += len(item)
+
+    def _get(self) -> OutboxItem:
+        item: OutboxItem = super()._get()  # type: ignore[misc]
+        if isinstance(item, bytes):
+            self.buffered_bytes -= len(item)
+        return item
+
+
+def _too_slow(limit_bytes: int) -> GatewayError:
+    return Unavailable(
+        f"the client read the stream too slowly: it fell more than {limit_bytes} bytes behind the engine "
+        "(client_buffer_bytes)",
+        code="client_too_slow",
+    )
+
+
 @dataclass(eq=False, slots=True)
 class Exchange:
     request_id: str
@@ -45,8 +79,10 @@ class Exchange:
     forward_headers: dict[str, str] = field(default_factory=dict)
     wants_usage: bool = False  # a streaming client asked for the usage frame (stream_options.include_usage)
     attach_key: str | None = None  # retries with this key join this exchange
-    subscribers: list[asyncio.Queue[OutboxItem]] = field(default_factory=list)
-    history: list[bytes] | None = None  # published stream events, kept when a retry may attach
+    subscribers: list[Outbox] = field(default_factory=list)
+    max_buffered_bytes: int = DEFAULT_CLIENT_BUFFER_BYTES  # a subscriber further behind is cut off
+    history: list[bytes] | None = None  # published stream events (streaming clients): replay and continuation
+    stitcher: GenerateStitcher | None = None  # a continued /generate stream's chunk rewriter
     committed: bool = False  # a client already received a 200 (keep-alive): errors must be framed in-body
     # upstream state, owned by the driver
     attempt: int = 0
@@ -58,11 +94,13 @@ class Exchange:
     upstream_error: UpstreamError | None = None  # the engine's own non-retryable error, passed through
     ended: bool = False
 
-    def subscribe(self) -> asyncio.Queue[OutboxItem]:
+    def subscribe(self) -> Outbox:
         """A queue of everything this exchange publishes from now on (stream history first, if kept)."""
-        queue: asyncio.Queue[OutboxItem] = asyncio.Queue()
+        queue = Outbox()
         for data in self.history or ():
             queue.put_nowait(data)
+        # The history is shared (no copy), so only what comes after it counts against the limit.
+        queue.limit_bytes = self.max_buffered_bytes + queue.buffered_bytes
         self.subscribers.append(queue)
         return queue
 
@@ -82,8 +120,23 @@ class Exchange:
         if not self.ended:
             if self.history is not None:
                 self.history.append(data)
+            lagging = None
             for queue in self.subscribers:
                 queue.put_nowait(data)
+                if queue.buffered_bytes > queue.limit_bytes:
+                    lagging = [*(lagging or ()), queue]
+            if lagging:
+                for queue in lagging:
+                    self._cut_off(queue)
+
+    def _cut_off(self, queue: Outbox) -> None:
+        """A subscriber fell too far behind: drop what it has not read and end it with an error, so a slow
+        reader never makes the gateway buffer a whole generation for it. Its handler then writes the error
+        and leaves (front.run_exchange reports the client gone when it was the last one)."""
+        self.subscribers.remove(queue)
+        while not queue.empty():
+            queue.get_nowait()
+        queue.put_nowait(_too_slow(self.max_buffered_bytes))
 
     def cancel_upstream(self) -> None:
         task = self.upstream_task

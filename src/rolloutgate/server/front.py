@@ -118,7 +118,7 @@ async def run_exchange(
             return ""
 
     try:
-        return await write_outcome(request, exchange, outbox, keepalive, ctx.metrics, timing_now)
+        response = await write_outcome(request, exchange, outbox, keepalive, ctx.metrics, timing_now)
     except (asyncio.CancelledError, ConnectionResetError):
         ctx.metrics.client_disconnects.inc()
         if exchange.unsubscribe(outbox) and ctx.engine_clock:
@@ -126,6 +126,9 @@ async def run_exchange(
         raise
     finally:
         exchange.unsubscribe(outbox)
+    if not exchange.ended and not exchange.subscribers and ctx.engine_clock:
+        driver.client_disconnected(exchange)  # its last reader was cut off (too slow): nobody reads it now
+    return response
 
 
 def _submit(
@@ -146,6 +149,8 @@ def _submit(
         client_streams=streams,
         forward_headers={"X-SMG-Routing-Key": routing_key} if routing_key else {},
         wants_usage=isinstance(stream_options, dict) and bool(stream_options.get("include_usage")),
+        history=[] if streams else None,
+        max_buffered_bytes=ctx.settings.client_buffer_bytes,
     )
     outbox = exchange.subscribe()
     ctx.driver.submit(

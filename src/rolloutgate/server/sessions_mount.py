@@ -7,6 +7,7 @@ session turns get affinity, admission, the engine-time clocks and hung-engine re
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 
 from aiohttp import web
@@ -23,8 +24,11 @@ from rolloutgate.sessions.http import add_session_routes
 from rolloutgate.sessions.registry import SessionLimits, SessionRegistry
 from rolloutgate.sessions.render import ChatRenderer
 from rolloutgate.sessions.service import SessionAnswer, SessionCall, SessionService, SessionSettings
+from rolloutgate.sessions.store import SessionStore
 
 __all__ = ("GatewayDispatcher", "mount_sessions")
+
+log = logging.getLogger("rolloutgate.sessions")
 
 
 class GatewayDispatcher:
@@ -75,14 +79,24 @@ class GatewayDispatcher:
 def mount_sessions(app: web.Application) -> None:
     ctx = app[CONTEXT]
     settings = ctx.settings
+    store = SessionStore(settings.state_dir) if settings.state_dir else None
     registry = SessionRegistry(
         SessionLimits(
             max_sessions=settings.session_max,
             max_records_per_session=settings.session_max_records,
             idle_ttl_s=settings.session_idle_ttl,
             max_bytes=settings.session_max_bytes,
-        )
+        ),
+        journal=store,
     )
+    if store is not None:
+        _restore(registry, store, ctx.driver.clock.now())
+
+        async def close_store(_app: web.Application) -> None:
+            store.close()
+
+        app.on_cleanup.append(close_store)
+        ctx.extras["session_store"] = store
     renderer = ChatRenderer.from_dir(settings.tokenizer) if settings.tokenizer else None
     models = [e.info.max_model_len for e in ctx.pool.engines.values() if e.info.max_model_len]
     service = SessionService(
@@ -118,4 +132,17 @@ def mount_sessions(app: web.Application) -> None:
         proxy=proxy,
         authorize=lambda request: check_api_key(request, settings),
         sweep_interval_s=ctx.driver.clock.real_seconds(min(30.0, settings.session_idle_ttl / 2)),
+    )
+
+
+def _restore(registry: SessionRegistry, store: SessionStore, now: float) -> None:
+    """Reload the sessions a previous gateway left in the state dir (each idle from now on)."""
+    stored = store.load()
+    for entry in stored:
+        registry.restore(entry.session_id, entry.records, now)
+    log.info(
+        "restored %d sessions (%d turns) from %s",
+        len(stored),
+        sum(len(e.records) for e in stored),
+        store.path,
     )
