@@ -106,10 +106,28 @@ async def test_vllm_aborts_at_once_on_client_disconnect(
     assert req.finished_at - gone_at < 1.0  # at once (1 s at x5 leaves 200 ms for the loops to notice)
 
 
-async def test_pause_abort_refuses_new_requests_with_503(
+async def test_pause_abort_holds_new_requests_until_resume(
     make_cluster: ClusterFactory, session: aiohttp.ClientSession
 ) -> None:
+    """vLLM 0.32 as measured (docs/e2e.md): a request sent while paused waits and is answered after resume."""
     cluster = await make_cluster(api="vllm", time_scale=SCALE)
+    url, engine = cluster.urls[0], cluster.engines[0]
+    async with session.post(url + "/pause?mode=abort") as response:
+        assert await response.json() == {"status": "paused"}
+    held = asyncio.create_task(post_json(session, url + "/v1/completions", {"prompt": "b", "max_tokens": 2}))
+    await wait_for(lambda: engine.waiting_count == 1)
+    assert not held.done()
+    async with session.post(url + "/resume") as response:
+        assert await response.json() == {"status": "resumed"}
+    status, body = await held
+    assert status == 200 and body["choices"][0]["finish_reason"] == "length"
+
+
+async def test_pause_abort_refuses_new_requests_with_503_when_configured(
+    make_cluster: ClusterFactory, session: aiohttp.ClientSession
+) -> None:
+    """vLLM 0.33's documented behaviour, behind `vllm_reject_while_paused`."""
+    cluster = await make_cluster(api="vllm", time_scale=SCALE, vllm_reject_while_paused=True)
     url, engine = cluster.urls[0], cluster.engines[0]
     inflight = asyncio.create_task(
         post_json(session, url + "/v1/completions", {"prompt": "a", "max_tokens": 20_000})
@@ -131,7 +149,7 @@ async def test_pause_abort_refuses_new_requests_with_503(
 async def test_pause_wait_drains_before_answering(
     make_cluster: ClusterFactory, session: aiohttp.ClientSession
 ) -> None:
-    cluster = await make_cluster(api="vllm", time_scale=SCALE)
+    cluster = await make_cluster(api="vllm", time_scale=SCALE, vllm_reject_while_paused=True)
     url, engine = cluster.urls[0], cluster.engines[0]
     inflight = asyncio.create_task(
         post_json(session, url + "/v1/completions", {"prompt": "a", "max_tokens": 300, "request_id": "d"})

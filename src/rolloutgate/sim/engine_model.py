@@ -361,6 +361,8 @@ class EngineModel:
         req.state = RequestState.PREFILLING
         if req.started_at is None:
             req.started_at = at
+            if not req.internal:
+                self.stats.queue_time.observe(at - req.submitted_at)
         cached = 0
         if self.config.enable_prefix_cache:
             sequence = req.prompt_ids + req.output_ids() if req.completion_tokens else req.prompt_ids

@@ -4,7 +4,8 @@ Differences that matter to a gateway, all kept: SGLang takes the rid from the bo
 `id` = rid; vLLM takes it from `X-Request-Id` (or `request_id`) and answers `chatcmpl-<id>` / `cmpl-<id>`.
 SGLang sends streaming headers only once the first token exists (it awaits the first chunk to be able to
 answer errors with a status); vLLM sends them at once. SGLang lets new requests wait while paused; vLLM
-answers 503 in `abort`/`wait` pause. SGLang notices a disconnect within `disconnect_lag_s`; vLLM at once.
+holds new requests during any pause, as vLLM 0.32 was measured to (docs/e2e.md); `vllm_reject_while_paused` gives
+0.33's documented 503 in `abort`/`wait` pause instead. SGLang notices a disconnect within `disconnect_lag_s`; vLLM at once.
 """
 
 from __future__ import annotations
@@ -65,7 +66,11 @@ class OpenAIRoutes:
         status = engine.refusal_status()
         if status is not None:
             return self.error("The server is refusing new requests (simulated fault).", status)
-        if self.flavour == "vllm" and engine.model.pause_mode in ("abort", "drain", "wait"):
+        if self.flavour == "vllm" and engine.config.vllm_reject_while_paused and engine.model.pause_mode in (
+            "abort",
+            "drain",
+            "wait",
+        ):
             return self.error("The engine is paused; retry after it resumes.", 503)
         return None
 

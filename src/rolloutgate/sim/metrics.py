@@ -77,4 +77,5 @@ def render_vllm(model: EngineModel, now: float) -> str:
         lines.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {count}')
     lines += model.stats.ttft.lines("vllm:time_to_first_token_seconds", labels)
     lines += model.stats.e2e.lines("vllm:e2e_request_latency_seconds", labels)
+    lines += model.stats.queue_time.lines("vllm:request_queue_time_seconds", labels)
     return "\n".join(lines) + "\n"

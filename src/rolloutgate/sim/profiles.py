@@ -61,6 +61,7 @@ class SimEngineConfig:
     weight_update_s: float = 2.0  # how long /update_weights_from_disk takes once it runs
     health_poll_s: float = 1.0  # SGLang /health polls for scheduler output at this period...
     health_timeout_s: float = 20.0  # ...and answers 503 after this long without any
+    vllm_reject_while_paused: bool = False  # vLLM 0.33 docs: 503 in abort/wait pause; 0.32 measured: held
     disconnect_lag_s: float = 2.0  # SGLang notices a client disconnect this long after it happens (vLLM: 0)
     enable_cache_report: bool = True  # usage.prompt_tokens_details.cached_tokens on the OpenAI routes
     record_token_times: bool = False  # keep each token's simulated time per request (tests only)

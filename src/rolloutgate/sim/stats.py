@@ -50,6 +50,7 @@ class EngineStats:
         "generated_tokens_total",
         "progress_events",
         "prompt_tokens_total",
+        "queue_time",
         "requests_total",
         "retracted_total",
         "ttft",
@@ -66,6 +67,7 @@ class EngineStats:
         self.progress_events = 0  # steps completed (SGLang's health check watches for any)
         self.ttft = Histogram()
         self.e2e = Histogram()
+        self.queue_time = Histogram()  # submission to start of prefill (vLLM's request_queue_time_seconds)
         self._samples: deque[tuple[float, int]] = deque([(0.0, 0)])
 
     def record_finish(self, kind: str, e2e_s: float) -> None:
