@@ -36,6 +36,6 @@ e2e-model: $(E2E_MODEL_STAMP)
 test-e2e: $(STAMP) $(E2E_STAMP) $(E2E_MODEL_STAMP)
 	E2E_VENV=$(E2E_VENV) VENV=$(VENV) E2E_DIR=$(E2E_DIR) bash scripts/e2e_run.sh $(E2E_PYTEST_ARGS)
 
-# The same client-side tests against the simulator in --api vllm mode: no engine install, a minute or so.
+# The same client-side tests against the simulator in --api vllm mode: no engine install, ~2.5 minutes.
 test-e2e-sim: $(STAMP)
 	E2E_BACKEND=sim LITELLM_LOCAL_MODEL_COST_MAP=True $(BIN)/python -m pytest -m e2e tests/e2e $(E2E_PYTEST_ARGS)

@@ -1,8 +1,8 @@
 """Build the end-to-end suite's tiny model and tokenizer offline, deterministically.
 
 A random-weight Llama (hidden 128, 2 heads of 64, 2 layers, intermediate 256, vocab 2048, 8,192 positions,
-float32; about 0.85 M parameters, 3.4 MB) and a byte-level BPE tokenizer trained here on built-in text, saved as a Hugging
-Face model folder that vLLM serves (`--model DIR`). Nothing is downloaded. For a fixed seed every file is
+float32; about 0.85 M parameters, 3.4 MB) and a byte-level BPE tokenizer trained here on built-in text, saved
+as a Hugging Face model folder that vLLM serves (`--model DIR`). Nothing is downloaded. For a fixed seed every file is
 byte-identical run to run; `--manifest` prints the sha256 of each so two builds can be compared.
 
 Run it with the engine's interpreter (it needs torch, transformers and tokenizers):

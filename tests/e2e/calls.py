@@ -27,6 +27,7 @@ __all__ = (
 )
 
 PROMPT = "Tell me about the sea."
+HOLD_STREAM_INTERVAL = 64  # tokens per chunk of a held stream
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -38,8 +38,11 @@ async def test_weight_update_cycle_gives_no_client_error(
     gateway = gateways()
     client = openai_client(gateway)
     version = f"e2e-{mode}-{uuid.uuid4().hex[:8]}"
-    in_flight = await requests(engines, client, len(engines.urls) * 2)
-    await asyncio.sleep(1.0)  # let them reach the engines
+    # In flight for sure: streams that have delivered tokens, and whole-answer requests sent with them.
+    whole = [
+        asyncio.create_task(openai_call(client, engines, max_tokens=TOKENS)) for _ in range(len(engines.urls))
+    ]
+    streams = await started_streams(gateway.url, engines, len(engines.urls), max_tokens=TOKENS)
     async with httpx.AsyncClient(timeout=300.0) as admin:
         update = asyncio.create_task(
             admin.post(
@@ -54,7 +57,8 @@ async def test_weight_update_cycle_gives_no_client_error(
         assert report.json()["ok"] is True
         for url in engines.urls:
             assert (await admin.get(url + "/weight_info")).json()["weight_version"] == version
-    assert_whole(await asyncio.gather(*in_flight, *arriving))
+    assert_whole(await asyncio.gather(*whole, *arriving))
+    await asyncio.gather(*streams)  # an error event or a cut stream raises here
     await client.close()
 
 
@@ -83,5 +87,5 @@ async def test_gate_pause_pauses_the_engines_and_loses_nothing(
             resumed = await admin.post(gateway.url + "/admin/resume")
         assert resumed.status_code == 200, resumed.text
     assert_whole(await asyncio.gather(*arriving))
-    await asyncio.gather(*holders)  # the held streams end normally too (an error would raise here)
+    await asyncio.gather(*holders)  # the held streams end normally too (an error event raises here)
     await client.close()
