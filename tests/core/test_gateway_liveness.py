@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rolloutgate.core.commands import Abort, AbortReason, Dispatch, Fail, FailReason, MarkEngine
+from rolloutgate.core.commands import Abort, AbortReason, Complete, Dispatch, Fail, FailReason, MarkEngine
 from rolloutgate.core.config import GatewayCoreConfig
 from rolloutgate.core.events import EngineHealthChecked
 from tests.core.helpers import Harness, of
@@ -155,3 +155,22 @@ def test_requests_pinned_to_a_hung_engine_fail() -> None:
         "b": FailReason.NO_ENGINE,
     }
     assert h.gw.stats().live_requests == 0
+
+
+def test_an_attempt_lost_to_a_hung_engine_is_forgiven_not_charged() -> None:
+    """The replay's reproduction: 7.7 s of work, its engine freezes 6 s in; moved after stall_timeout, it must
+    get its whole budget (12 s) on the new engine instead of carrying 8 s of the lost attempt."""
+    h = Harness()
+    h.engines(e1=1, e2=1)
+    h.arrive("a", timeout_s=12.0, stall_timeout_s=2.0)
+    assert h.engine_of["a"] == "e1"
+    h.advance(6.0, {"a": 0.1})
+    h.advance(2.0)  # e1 froze: quarantined after 2 s, `a` moves to e2
+    assert (h.engine_of["a"], h.attempt_of["a"]) == ("e2", 2)
+    h.advance(7.7, {"a": 0.1})  # the whole generation again, on e2
+    h.finish("a")
+    [complete] = h.ended("a")
+    assert isinstance(complete, Complete)
+    assert complete.timing.forgiven_s == pytest.approx(8.0, abs=0.15)  # last token 5.9-6.0 s, +2 s stall
+    assert complete.timing.charged_s == pytest.approx(7.7, abs=0.15)  # only the attempt that answered
+    assert complete.timing.attempts == 2

@@ -183,7 +183,7 @@ class Checker:
     def check_timing(self, t: TimingBreakdown, lim: RequestLimits) -> None:
         assert min(t.queue_s, t.paused_s, t.contention_s, t.charged_s, t.dispatched_s) >= -EPS
         assert t.charged_s <= t.dispatched_s + EPS
-        assert abs(t.wall_s - (t.queue_s + t.paused_s + t.contention_s + t.charged_s)) < 1e-6
+        assert abs(t.wall_s - (t.queue_s + t.paused_s + t.contention_s + t.charged_s + t.forgiven_s)) < 1e-6
         if self.mode is ClockMode.ENGINE:
             assert t.charged_s <= lim.timeout_s + EPS
         else:

@@ -12,8 +12,8 @@ import pytest
 from tests.server.conftest import MakeCluster, MakeGateway
 
 SCALE = 50.0
-UPDATE_S = 45.0  # simulated seconds a weight update takes on each engine
-TIMEOUT_S = 60.0  # charged budget: a request that were charged for the pause too would run out
+UPDATE_S = 90.0  # simulated seconds a weight update takes on each engine
+TIMEOUT_S = 100.0  # charged budget: a request charged for the pause too (28 s decode + 90 s) would run out
 TOKENS = 2_500  # ~28 simulated seconds of decode each
 
 

@@ -70,3 +70,25 @@ async def test_token_in_token_out_trajectory_through_the_gateway(
     assert trajectory["token_ids"] == engine_ids
     assert sum(trajectory["loss_mask"]) == 15
     assert len({r["engine"] for r in records}) == 1
+
+
+async def test_a_turn_the_engine_cannot_stream_is_watched_by_engine_level_progress(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
+) -> None:
+    """Recorded-mode turns ask SGLang for return_meta_info, which it will not stream: no per-request progress
+    until the end. Engine-level progress (its load) must stand in, or a turn longer than stall_timeout would
+    be taken for a hang."""
+    cluster = await make_cluster(engines=2, time_scale=10.0)
+    gateway = await make_gateway(cluster, stall_timeout=2.0)
+    session_id = (await http.post(f"{gateway.url}/sessions")).json()["session_id"]
+    reply = await http.post(
+        f"{gateway.url}/sessions/{session_id}/v1/chat/completions",
+        json={"model": "sim-model", "messages": [{"role": "user", "content": "long"}], "max_tokens": 600,
+              "ignore_eos": True},
+    )
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["completion_tokens"] == 600
+    [record] = (await http.get(f"{gateway.url}/sessions/{session_id}")).json()["records"]
+    assert record["timing"]["attempts"] == 1
+    assert record["timing"]["wall_s"] > 2.0 * 2  # it outlived the stall timeout twice over
+    assert all(e.state == "healthy" for e in gateway.context.pool.engines.values())

@@ -134,6 +134,8 @@ class Gateway(GatewayLedger):
                 self._fire_queue(now, out)
             elif kind == TimerKind.NO_ENGINE:
                 self._fire_no_engine(now, out)
+            elif kind == TimerKind.REST:
+                self._engines[ident].slots.end_rest()  # the pump below may start its next prefill
             else:
                 r = self._requests[ident]
                 if kind == TimerKind.WALL:
@@ -170,6 +172,7 @@ class Gateway(GatewayLedger):
                 prefill_tokens=e.slots.prefill_tokens,
                 large_prefills=e.meter.large_prefills,
                 waiting=waiting.get(e.engine_id, 0),
+                is_resting=e.slots.is_resting,
             )
             for e in self._engines.values()
         )
@@ -250,7 +253,9 @@ class Gateway(GatewayLedger):
         """First progress of an attempt: its prefill is over (budget freed, contention may end)."""
         r.move_to(RequestState.STREAMING)
         r.is_in_prefill = False
-        engine.slots.finish_prefill(r.uncached_tokens)
+        rest_until_at = engine.slots.finish_prefill(r.uncached_tokens, now)
+        if rest_until_at != math.inf:
+            self._timers.set((TimerKind.REST, engine.engine_id), rest_until_at)
         if r.is_large_prefill:
             r.is_large_prefill = False
             engine.meter.remove_large_prefill(now)
@@ -290,7 +295,7 @@ class Gateway(GatewayLedger):
         out: list[Command] = []
         if ev.engine_unreachable and engine.state is EngineState.HEALTHY:
             self._mark(engine, EngineState.UNHEALTHY, now, out, ev.reason)
-        self._detach(r, now)
+        self._detach(r, now, forgive=ev.retryable)
         detail = ev.reason if ev.status is None else f"{ev.reason} (status {ev.status})"
         if not ev.retryable:
             self._fail(r, FailReason.UPSTREAM, now, out, detail=detail)
@@ -340,6 +345,9 @@ class Gateway(GatewayLedger):
                 is_healthy=ev.healthy,
                 is_gate_closed=self._gate.is_closed,
                 pool_stall_timeout_s=self._config.engine_stall_timeout_s,
+                budget_exempt_tokens=self._config.prefill_budget_exempt_tokens,
+                rest_ratio=self._config.prefill_rest_ratio,
+                queue=self._queue,
             )
             self._engines[ev.engine_id] = engine
         else:  # a re-probe: new limits, and its health as a health check
@@ -357,7 +365,7 @@ class Gateway(GatewayLedger):
         out: list[Command] = []
         for r in sorted(engine.requests.values(), key=lambda r: r.sort_key):
             self._abort(r, AbortReason.ENGINE_LEFT, out)
-            self._detach(r, now)
+            self._detach(r, now, forgive=True)
             if r.pinned_engine == engine.engine_id:
                 self._fail(r, FailReason.NO_ENGINE, now, out, detail="its engine left the pool")
             else:
@@ -368,6 +376,7 @@ class Gateway(GatewayLedger):
         del self._engines[ev.engine_id]
         self._timers.discard((TimerKind.CHARGE, engine.engine_id))
         self._timers.discard((TimerKind.LIVE, engine.engine_id))
+        self._timers.discard((TimerKind.REST, engine.engine_id))
         self._refresh_engines(now)
         self._pump(now, out)
         return out
@@ -483,7 +492,7 @@ class Gateway(GatewayLedger):
 
     def _stuck(self, r: RequestRecord, engine: EngineRecord, now: float, out: list[Command]) -> None:
         self._abort(r, AbortReason.STUCK, out)
-        self._detach(r, now)
+        self._detach(r, now, forgive=True)
         if r.stuck_count or r.fault_attempts >= self._config.max_attempts:
             self._fail(r, FailReason.STALL, now, out, detail="no progress while its engine progressed")
         else:
@@ -504,7 +513,7 @@ class Gateway(GatewayLedger):
         self._mark(engine, EngineState.QUARANTINED, now, out, f"no progress for {silent_s:.1f}s")
         for r in sorted(engine.requests.values(), key=lambda r: r.sort_key):
             self._abort(r, AbortReason.ENGINE_HUNG, out)
-            self._detach(r, now)
+            self._detach(r, now, forgive=True)
             if r.pinned_engine == engine_id:
                 self._fail(r, FailReason.NO_ENGINE, now, out, detail="its engine hung")
             elif r.fault_attempts >= self._config.max_attempts:

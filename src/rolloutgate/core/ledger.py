@@ -11,8 +11,8 @@ Rules:
 1. Every path that ends a request goes through `_fail`, `_reject`, `_forget` or the completion in gateway.py,
    and every one of them calls `_free` (records, queue entries and timers are released together).
 2. `_detach` is the only way a request leaves an engine; it undoes exactly what `_dispatch` did.
-3. Real-time timer keys are `(TimerKind, id)`: per engine CHARGE and LIVE, per request WALL, WALLCLOCK and
-   GRACE, one QUEUE and one NO_ENGINE key.
+3. Real-time timer keys are `(TimerKind, id)`: per engine CHARGE, LIVE and REST, per request WALL, WALLCLOCK
+   and GRACE, one QUEUE and one NO_ENGINE key.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class TimerKind(enum.IntEnum):
     WALLCLOCK = 4  # a request's timeout in wallclock mode (id: request)
     GRACE = 5  # a disconnected client's retry grace (id: request)
     NO_ENGINE = 6  # the no-healthy-engine grace (id: "")
+    REST = 7  # an engine's rest after its budgeted prefills ends (id: engine; see admission.py)
 
 
 _TimerKey = tuple[TimerKind, str]
@@ -78,7 +79,7 @@ class GatewayLedger:
             queue=self._queue,
             policy=make_policy(placement, max_excess=config.affinity_max_excess),
             sessions=self._sessions,
-            is_affine=placement == "session_affinity",
+            is_affine=placement != "least_outstanding",  # the others wait for a session's engine
             max_excess=config.affinity_max_excess,
         )
         self._seq = 0
@@ -114,7 +115,7 @@ class GatewayLedger:
         r.uncached_tokens, r.is_in_prefill, r.is_large_prefill = uncached, True, is_large
         was_idle = not engine.requests
         engine.requests[rid] = r
-        engine.slots.admit(uncached)
+        engine.slots.admit(uncached, now)
         if is_large:
             engine.meter.add_large_prefill(now)
             engine.liveness.large_prefill_tokens += uncached
@@ -162,12 +163,18 @@ class GatewayLedger:
         r.avoid_engines = frozenset({engine.engine_id})
         self._requeue(r, now)
 
-    def _detach(self, r: RequestRecord, now: float) -> None:
-        """Take a dispatched request off its engine (it ended, or it will be re-queued)."""
+    def _detach(self, r: RequestRecord, now: float, *, forgive: bool = False) -> None:
+        """Take a dispatched request off its engine (it ended, or it will be re-queued).
+
+        `forgive`: the attempt was lost to a fault not of the request's doing; its charge is given back."""
         engine = r.engine
         assert engine is not None
         del engine.requests[r.request_id]
-        engine.slots.release(r.uncached_tokens if r.is_in_prefill else 0)
+        slots = engine.slots
+        slots.release(r.uncached_tokens, is_in_prefill=r.is_in_prefill)
+        if slots.is_resting and not slots.decoding:  # nobody left to rest for
+            slots.end_rest()
+            self._timers.discard((TimerKind.REST, engine.engine_id))
         if r.is_large_prefill:
             engine.meter.remove_large_prefill(now)
             engine.liveness.large_prefill_tokens -= r.uncached_tokens
@@ -175,7 +182,7 @@ class GatewayLedger:
         r.is_in_prefill = False
         engine.liveness.remove_request(r.limits.stall_timeout_s)
         engine.timers[r.clock.charge_class].discard(r.request_id)
-        r.clock.end_stint(now)
+        r.clock.end_stint(now, forgive=forgive)
         r.engine = None
         self._touch(engine)
 

@@ -30,8 +30,10 @@ Per request (all durations in seconds):
     queue       = FREE time of the pool meter during queued stints
     paused      = PAUSED time of either meter, queued or dispatched
     dispatched  = real time of dispatched stints
-    charged     = class time during dispatched stints
-    contention  = dispatched - paused (while dispatched) - charged
+    charged     = class time during dispatched stints, less attempts lost to engine faults (forgiven)
+    forgiven    = charge of attempts lost to faults not of the request's doing (engine hung or left, broken
+                  connection, stuck there): the attempt that answers gets the whole budget
+    contention  = dispatched - paused (while dispatched) - charged - forgiven
     stall       = real time since the last progress (or dispatch) in the current attempt
 
 The stall *budget* is measured in the same virtual time as the charge: "no progress for stall_timeout of time
@@ -169,11 +171,13 @@ class RequestClock:
     """One request's clocks and budgets; see the module docstring for the definitions."""
 
     __slots__ = (
+        "_attempt_charge0",
         "_charge0",
         "_charged_s",
         "_cls",
         "_dispatched_s",
         "_ended_at",
+        "_forgiven_s",
         "_is_dispatched",
         "_meter",
         "_paused0",
@@ -198,6 +202,8 @@ class RequestClock:
         self._paused_dispatched_s = 0.0
         self._dispatched_s = 0.0
         self._charged_s = 0.0
+        self._forgiven_s = 0.0  # charge of attempts lost to engine faults, given back (see `end_stint`)
+        self._attempt_charge0 = 0.0  # charged time when the current attempt was dispatched
         self._stall_s = 0.0
         self._meter: ChargeMeter | None = None
         self._cls = ChargeClass.FREE
@@ -224,6 +230,7 @@ class RequestClock:
     def start_dispatched(self, meter: ChargeMeter, cls: ChargeClass, now: float) -> None:
         """Begin a stint on an engine, charged in class `cls`."""
         self.end_stint(now)
+        self._attempt_charge0 = self._charged_s
         self._meter = meter
         self._is_dispatched = True
         self._cls = cls
@@ -249,8 +256,13 @@ class RequestClock:
         if meter is not None:
             self.progress_v = meter.value(self._cls, now)
 
-    def end_stint(self, now: float) -> None:
-        """Bank the current stint (no-op if there is none)."""
+    def end_stint(self, now: float, *, forgive: bool = False) -> None:
+        """Bank the current stint (no-op if there is none).
+
+        `forgive`: the attempt's work was lost to a fault that is not the request's doing (its engine hung or
+        left, the connection broke, it was stuck there): its charge is moved to `forgiven`, so the attempt that
+        answers has the whole budget. Faults are bounded by `max_attempts`, so this cannot repeat forever.
+        """
         meter = self._meter
         if meter is None:
             return
@@ -261,6 +273,10 @@ class RequestClock:
             self._paused_dispatched_s += paused
             self._charged_s += charge
             self._stall_s = now - self.progress_at
+            if forgive:
+                lost = self._charged_s - self._attempt_charge0
+                self._charged_s -= lost
+                self._forgiven_s += lost
         else:
             self._queue_s += charge
             self._paused_queued_s += paused
@@ -348,8 +364,9 @@ class RequestClock:
             wall_s=at - self.arrived_at,
             queue_s=queue_s,
             paused_s=paused_q + paused_d,
-            contention_s=max(0.0, dispatched_s - paused_d - charged_s),
+            contention_s=max(0.0, dispatched_s - paused_d - charged_s - self._forgiven_s),
             charged_s=charged_s,
+            forgiven_s=self._forgiven_s,
             stall_s=stall_s,
             dispatched_s=dispatched_s,
             attempts=attempts,

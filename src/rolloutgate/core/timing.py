@@ -11,8 +11,8 @@ __all__ = ("TimingBreakdown",)
 class TimingBreakdown:
     """Seconds spent in each clock of the request's life so far.
 
-    `charged_s` = dispatched time - paused time (while dispatched) - contention time; it is what `timeout`
-    bounds in engine-clock mode. `paused_s` covers time the gate (or its engine) was paused while the request
+    `charged_s` = dispatched time - paused time (while dispatched) - contention time - forgiven time; it is
+    what `timeout` bounds in engine-clock mode. `forgiven_s` is the charge of attempts lost to engine faults. `paused_s` covers time the gate (or its engine) was paused while the request
     was queued or in flight. `stall_s` is the time since the last progress, at the moment of the breakdown.
     """
 
@@ -24,6 +24,7 @@ class TimingBreakdown:
     stall_s: float
     dispatched_s: float
     attempts: int
+    forgiven_s: float = 0.0  # charge of attempts lost to engine faults, not counted against the budget
     engine_id: str | None = None
     tokens: int = 0
 
@@ -32,7 +33,7 @@ class TimingBreakdown:
         return (
             f"wall={self.wall_s:.3f};queue={self.queue_s:.3f};paused={self.paused_s:.3f};"
             f"contention={self.contention_s:.3f};charged={self.charged_s:.3f};stall={self.stall_s:.3f};"
-            f"attempts={self.attempts}"
+            f"forgiven={self.forgiven_s:.3f};attempts={self.attempts}"
         )
 
     def as_dict(self) -> dict[str, float | int | str | None]:
@@ -44,6 +45,7 @@ class TimingBreakdown:
             "charged_s": round(self.charged_s, 6),
             "stall_s": round(self.stall_s, 6),
             "dispatched_s": round(self.dispatched_s, 6),
+            "forgiven_s": round(self.forgiven_s, 6),
             "attempts": self.attempts,
             "engine_id": self.engine_id,
             "tokens": self.tokens,

@@ -68,6 +68,19 @@ class EngineLoad:
     running: int
     waiting: int
     generated_tokens_total: float | None = None  # a counter, when the engine exposes one
+    gen_throughput: float | None = None  # tokens/s the engine reports generating lately (SGLang /v1/loads)
+
+    def shows_progress_since(self, earlier: EngineLoad | None) -> bool:
+        """Whether the engine generated anything between `earlier` and this reading (engine-level progress)."""
+        if self.gen_throughput is not None and self.gen_throughput > 0:
+            return True
+        if (
+            earlier is not None
+            and self.generated_tokens_total is not None
+            and earlier.generated_tokens_total is not None
+        ):
+            return self.generated_tokens_total > earlier.generated_tokens_total
+        return False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -160,6 +173,10 @@ class EngineClient(Protocol):
 
     async def health(self) -> bool:
         """True if the engine answers its health endpoint with success."""
+        ...
+
+    def can_stream(self, call: UpstreamCall) -> bool:
+        """False when the engine answers this call only as a whole body (no progress until the end)."""
         ...
 
     def generate(self, call: UpstreamCall) -> AsyncIterator[UpstreamEvent]:

@@ -50,6 +50,9 @@ class OpenAICompatClient:
     def __repr__(self) -> str:
         return f"<OpenAICompatClient {self.url}>"
 
+    def can_stream(self, call: UpstreamCall) -> bool:
+        return True
+
     def generate(self, call: UpstreamCall) -> AsyncIterator[UpstreamEvent]:
         if call.route is Route.GENERATE:
             return generate_unsupported("this OpenAI-compatible engine")

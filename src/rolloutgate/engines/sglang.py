@@ -39,7 +39,6 @@ from rolloutgate.engines.base import (
     UpstreamEvent,
 )
 from rolloutgate.engines.http import (
-    JSON_HEADERS,
     ControlTimeouts,
     check_json_object,
     fetch_models,
@@ -51,9 +50,11 @@ from rolloutgate.engines.http import (
     map_exceptions,
     parse_prometheus,
     positive_int,
+    post_generation,
     post_json,
     raise_for_error_frame,
     raise_for_status,
+    upstream_pool,
 )
 from rolloutgate.engines.openai_stream import (
     client_wants_usage,
@@ -84,6 +85,7 @@ class SglangClient:
     ) -> None:
         self.url = url.rstrip("/")
         self._session = session
+        self._upstream = upstream_pool(self.url)  # generations; everything else goes through `session`
         self._timeouts = timeouts or ControlTimeouts()
         self._hint = AssemblyHint(family=EngineFamily.SGLANG)
 
@@ -91,6 +93,9 @@ class SglangClient:
         return f"<SglangClient {self.url}>"
 
     # -- generation ------------------------------------------------------------------------------------
+
+    def can_stream(self, call: UpstreamCall) -> bool:
+        return not (call.route is Route.CHAT and any(call.body.get(k) for k in _CHAT_NON_STREAMABLE))
 
     def generate(self, call: UpstreamCall) -> AsyncIterator[UpstreamEvent]:
         if call.route is Route.GENERATE:
@@ -107,6 +112,7 @@ class SglangClient:
                 timeouts=self._timeouts,
                 hint=self._hint,
                 wants_usage=client_wants_usage(body),
+                upstream=self._upstream,
             )
         return run_openai_call(
             self._session,
@@ -116,6 +122,7 @@ class SglangClient:
             timeouts=self._timeouts,
             hint=self._hint,
             wants_usage=client_wants_usage(body),
+            upstream=self._upstream,
         )
 
     async def _generate_native(self, call: UpstreamCall) -> AsyncIterator[UpstreamEvent]:
@@ -124,11 +131,13 @@ class SglangClient:
         what = f"POST {url}"
         hint = self._hint
         with map_exceptions(what):
-            async with self._session.post(
+            async with post_generation(
+                self._session,
+                self._upstream,
                 url,
-                data=orjson.dumps(body),
-                headers={**call.headers, **JSON_HEADERS},
-                timeout=self._timeouts.generation(),
+                orjson.dumps(body),
+                headers=call.headers,
+                timeouts=self._timeouts,
             ) as resp:
                 await raise_for_status(resp, what=what)
                 if resp.content_type != "text/event-stream":  # not streamed after all: the whole answer
@@ -219,6 +228,7 @@ class SglangClient:
             return EngineLoad(
                 running=sum(int(item.get("num_running_reqs") or 0) for item in loads),
                 waiting=sum(int(item.get("num_waiting_reqs") or 0) for item in loads),
+                gen_throughput=sum(float(item.get("gen_throughput") or 0.0) for item in loads),
             )
         text = await get_text(self._session, self.url + "/metrics", limits=limits, what="metrics")
         values = parse_prometheus(text, _METRICS)

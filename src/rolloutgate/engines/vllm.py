@@ -45,6 +45,7 @@ from rolloutgate.engines.http import (
     parse_prometheus,
     positive_int,
     post_json,
+    upstream_pool,
 )
 from rolloutgate.engines.openai_stream import (
     client_wants_usage,
@@ -81,11 +82,15 @@ class VllmClient:
     ) -> None:
         self.url = url.rstrip("/")
         self._session = session
+        self._upstream = upstream_pool(self.url)  # generations; everything else goes through `session`
         self._timeouts = timeouts or ControlTimeouts()
         self._hint = AssemblyHint(family=EngineFamily.VLLM)
 
     def __repr__(self) -> str:
         return f"<VllmClient {self.url}>"
+
+    def can_stream(self, call: UpstreamCall) -> bool:
+        return True
 
     def generate(self, call: UpstreamCall) -> AsyncIterator[UpstreamEvent]:
         if call.route is Route.GENERATE:
@@ -98,6 +103,7 @@ class VllmClient:
             timeouts=self._timeouts,
             hint=self._hint,
             wants_usage=client_wants_usage(call.body),
+            upstream=self._upstream,
         )
 
     async def abort(self, request_id: str) -> None:

@@ -17,7 +17,9 @@ Engine pause modes per family: SGLang `pause_generation` (abort, retract, in_pla
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -64,6 +66,18 @@ async def _body(request: web.Request, ctx: GatewayContext) -> dict[str, Any]:
     return parse_body(raw, ctx.settings) if raw.strip() else {}
 
 
+@contextlib.contextmanager
+def _maintenance(engines: list[EngineHandle]) -> Iterator[None]:
+    """Health checks of these engines are not judged meanwhile: a paused SGLang engine fails its probe."""
+    for engine in engines:
+        engine.maintenance += 1
+    try:
+        yield
+    finally:
+        for engine in engines:
+            engine.maintenance -= 1
+
+
 def _gate_state(ctx: GatewayContext) -> dict[str, Any]:
     return ctx.extras.setdefault("gate", {"open": True, "mode": None, "closed_at": None, "last_update": None})
 
@@ -102,8 +116,13 @@ async def pause(request: web.Request) -> web.Response:
     check_admin(request, ctx.settings)
     mode = _mode(await _body(request, ctx))
     gate = _gate_state(ctx)
+    engines = list(ctx.pool.engines.values())
+    if gate["open"]:  # a second pause while closed changes nothing at the engines' health
+        for engine in engines:
+            engine.maintenance += 1
+        gate["held"] = [e.engine_id for e in engines]
     ctx.driver.handle(GateClosed(mode=mode))
-    errors = await _pause_engines(list(ctx.pool.engines.values()), mode)
+    errors = await _pause_engines(engines, mode)
     gate.update(open=False, mode=mode.value, closed_at=time.time())
     return _json({"status": "paused", "mode": mode.value, "engines": errors})
 
@@ -114,6 +133,9 @@ async def resume(request: web.Request) -> web.Response:
     gate = _gate_state(ctx)
     mode = PauseMode(gate["mode"]) if gate["mode"] else PauseMode.DRAIN
     await _resume_engines(list(ctx.pool.engines.values()), mode)
+    for engine_id in gate.pop("held", []):
+        if engine_id in ctx.pool.engines:
+            ctx.pool.engines[engine_id].maintenance -= 1
     ctx.driver.handle(GateOpened())
     gate.update(open=True, mode=None, closed_at=None)
     return _json({"status": "resumed"})
@@ -183,13 +205,14 @@ async def update_weights(request: web.Request) -> web.Response:
         ctx.driver.handle(GateClosed(mode=mode))
         gate.update(open=False, mode=mode.value, closed_at=time.time())
         try:
-            if mode is PauseMode.DRAIN:
-                await _wait_drained(
-                    ctx, {e.engine_id for e in engines}, ctx.driver.clock.real_seconds(drain_timeout)
-                )
-            await _pause_engines(engines, mode)
-            results = list(await asyncio.gather(*(_update_one(e, path, payload) for e in engines)))
-            await _resume_engines(engines, mode)
+            with _maintenance(engines):
+                if mode is PauseMode.DRAIN:
+                    await _wait_drained(
+                        ctx, {e.engine_id for e in engines}, ctx.driver.clock.real_seconds(drain_timeout)
+                    )
+                await _pause_engines(engines, mode)
+                results = list(await asyncio.gather(*(_update_one(e, path, payload) for e in engines)))
+                await _resume_engines(engines, mode)
         finally:
             ctx.driver.handle(GateOpened())
             gate.update(open=True, mode=None, closed_at=None)
@@ -214,12 +237,13 @@ async def _update_staggered(
 ) -> dict[str, Any]:
     ctx.driver.handle(EnginePaused(engine_id=engine.engine_id))
     try:
-        if mode is PauseMode.DRAIN:
-            await _wait_drained(ctx, {engine.engine_id}, ctx.driver.clock.real_seconds(drain_timeout))
-        await _pause_engines([engine], mode)
-        result = await _update_one(engine, path, payload)
-        await _resume_engines([engine], mode)
-        return result
+        with _maintenance([engine]):
+            if mode is PauseMode.DRAIN:
+                await _wait_drained(ctx, {engine.engine_id}, ctx.driver.clock.real_seconds(drain_timeout))
+            await _pause_engines([engine], mode)
+            result = await _update_one(engine, path, payload)
+            await _resume_engines([engine], mode)
+            return result
     finally:
         ctx.driver.handle(EngineResumed(engine_id=engine.engine_id))
 

@@ -7,6 +7,12 @@ Graceful shutdown (`GatewayServer.stop`, on SIGTERM): stop accepting connections
 open connections with 503 + Retry-After (so clients retry on another replica); give the requests in flight
 `shutdown_grace` to finish; then end the rest with a 503 (framed in-body if keep-alive already sent a 200)
 and abort their generations on the engines; then close. Bounded: grace + `HAND_BACK_S` + engine aborts.
+
+Slow readers: aiohttp's writes wait for the socket to drain, so a client that stops reading blocks its
+handler (and keeps its exchange alive) for as long as it keeps the connection open. A watchdog cuts a client
+whose written bytes stay unread for `client_write_timeout`; the handler then sees a disconnect, and the
+usual retry grace and upstream abort follow. (A client that falls `client_buffer_bytes` behind a live stream
+is cut off sooner, by its exchange: server/exchange.py.)
 """
 
 from __future__ import annotations
@@ -129,6 +135,10 @@ def _core_config(settings: GatewaySettings) -> GatewayCoreConfig:
         retry_grace_s=settings.retry_grace,
         contention_min_prefill_tokens=settings.contention_min_prefill_tokens,
         affinity_max_excess=settings.affinity_max_excess,
+        placement=settings.placement,
+        # the budget governs the prefills that contend (docs/prefill.md); smaller ones need only a slot
+        prefill_budget_exempt_tokens=settings.contention_min_prefill_tokens,
+        prefill_rest_ratio=settings.prefill_rest_ratio,
     )
 
 
@@ -157,6 +167,7 @@ def build_app(settings: GatewaySettings) -> web.Application:
         metrics,
         progress_every_tokens=settings.progress_every_tokens,
         abort_upstream=settings.clock == "engine",
+        opaque_poll_s=clock.real_seconds(min(settings.stall_timeout / 4, 5.0)),
     )
     driver.on_end.append(_log_request)
     pool = EnginePool(settings, driver.handle, clock.real_seconds)
@@ -263,6 +274,7 @@ class GatewayServer:
     runner: web.AppRunner | None = None
     url: str = ""
     _hurry: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+    _watchdog: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     async def start(self) -> str:
         self.app = build_app(self.settings)
@@ -277,6 +289,7 @@ class GatewayServer:
             logger=_HttpErrorLog(http_log),
         )
         await self.runner.setup()
+        self._watchdog = asyncio.create_task(self._cut_stalled_readers(), name="stalled-readers")
         site = web.TCPSite(self.runner, self.settings.host, self.settings.port, backlog=4096)
         await site.start()
         sockets = site._server.sockets if site._server else []
@@ -297,6 +310,8 @@ class GatewayServer:
         self.runner = None
         ctx = self.context
         ctx.draining = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         for site in list(runner.sites):
             await site.stop()  # no new connections; open ones get 503 for new requests
         if grace_s is None:
@@ -313,6 +328,36 @@ class GatewayServer:
         if handed_back:
             log.warning("shutdown: %d unfinished requests answered 503 and aborted upstream", handed_back)
         await runner.cleanup()
+
+    async def _cut_stalled_readers(self) -> None:
+        """Abort connections whose write buffer stayed non-empty (nothing read) on every check for
+        `client_write_timeout`."""
+        runner = self.runner
+        assert runner is not None and runner.server is not None
+        server = runner.server
+        timeout_s = self.settings.client_write_timeout  # real seconds: clients read in real time
+        period_s = min(1.0, timeout_s / 4)
+        loop = asyncio.get_running_loop()
+        behind_since: dict[int, float] = {}
+        while True:
+            await asyncio.sleep(period_s)
+            now = loop.time()
+            still_behind: dict[int, float] = {}
+            for connection in server.connections:
+                transport = connection.transport
+                if transport is None or transport.is_closing() or not transport.get_write_buffer_size():
+                    continue
+                since = behind_since.get(id(transport), now)
+                if now - since < timeout_s:
+                    still_behind[id(transport)] = since
+                    continue
+                log.warning(
+                    "cutting off a client that left its answer unread for %.0f s (peer %s)",
+                    now - since,
+                    transport.get_extra_info("peername"),
+                )
+                transport.abort()
+            behind_since = still_behind
 
     def hurry(self) -> None:
         """End a graceful shutdown's grace period now (e.g. a second SIGTERM)."""

@@ -49,6 +49,7 @@ from rolloutgate.errors import GatewayError, UpstreamFailure, from_fail_reason
 from rolloutgate.server.continuation import CannotContinue, continuation_body
 from rolloutgate.server.exchange import Exchange, Finished
 from rolloutgate.server.metrics import Metrics
+from rolloutgate.server.opaque import OpaqueWatcher
 from rolloutgate.server.pool import EnginePool
 
 __all__ = ("Driver", "GatewayClock", "upstream_id")
@@ -107,6 +108,7 @@ class Driver:
         metrics: Metrics,
         progress_every_tokens: int = 1,
         abort_upstream: bool = True,
+        opaque_poll_s: float = 5.0,
     ) -> None:
         self.core = core
         self.clock = clock
@@ -114,6 +116,7 @@ class Driver:
         self.pool: EnginePool | None = None
         self.exchanges: dict[str, Exchange] = {}
         self.progress_every_tokens = progress_every_tokens
+        self.opaque = OpaqueWatcher(self.handle, opaque_poll_s)  # progress for calls that cannot stream
         self.abort_upstream = abort_upstream
         self.on_end: list[Callable[[Exchange, Finished | GatewayError], None]] = []
         self.on_forget: list[Callable[[Exchange], None]] = []  # abandoned: the client left for good
@@ -126,6 +129,8 @@ class Driver:
 
     def submit(self, exchange: Exchange, arrived: RequestArrived) -> None:
         self.exchanges[exchange.request_id] = exchange
+        if self.abort_upstream:
+            exchange.on_abandoned = self.client_disconnected  # its last reader was cut off (too slow)
         self.handle(arrived)
 
     def handle(self, event: Event) -> None:
@@ -138,7 +143,7 @@ class Driver:
         self._arm_timer()
 
     def client_disconnected(self, exchange: Exchange) -> None:
-        if not exchange.ended:
+        if not exchange.ended and exchange.request_id not in self._disconnected:
             self._disconnected.add(exchange.request_id)
             self.handle(ClientDisconnected(request_id=exchange.request_id))
 
@@ -248,6 +253,8 @@ class Driver:
             headers=exchange.forward_headers,
             progress_every_tokens=1 if exchange.client_streams else self.progress_every_tokens,
         )
+        if not engine.client.can_stream(call):
+            self.opaque.add(engine.engine_id, engine.client, exchange.request_id, command.attempt)
         exchange.upstream_task = asyncio.get_running_loop().create_task(
             self._run_attempt(exchange, engine.client, call, command.attempt)
         )
@@ -255,6 +262,7 @@ class Driver:
     async def _run_attempt(self, exchange: Exchange, client: Any, call: UpstreamCall, attempt: int) -> None:
         request_id = exchange.request_id
         streams = exchange.client_streams
+        engine_id = exchange.engine_id
         try:
             async for event in client.generate(call):
                 if exchange.attempt != attempt or exchange.ended:
@@ -265,6 +273,8 @@ class Driver:
                     if event.is_gateway_only:
                         continue  # e.g. the usage frame the gateway asked for and the client did not
                     exchange.delivered_tokens += event.tokens
+                    if event.assembly is not None and event.assembly.is_incremental_generate:
+                        exchange.cumulative = False
                     stitcher = exchange.stitcher
                     exchange.send_event(event.data if stitcher is None else stitcher.stitch(event.data))
                 else:
@@ -286,6 +296,8 @@ class Driver:
                         engine_unreachable=error.unreachable,
                     )
                 )
+        finally:
+            self.opaque.remove(engine_id, request_id)
 
     def _complete(self, command: Complete) -> None:
         exchange = self.exchanges.pop(command.request_id, None)
@@ -377,6 +389,7 @@ class Driver:
         return len(exchanges)
 
     async def close(self) -> None:
+        await self.opaque.close()
         if self._timer is not None:
             self._timer.cancel()
         for exchange in list(self.exchanges.values()):

@@ -13,12 +13,14 @@ leaves, the client is gone (the driver starts the retry grace period).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from rolloutgate.core.timing import TimingBreakdown
 from rolloutgate.engines.assemble import ResponseAssembler
 from rolloutgate.engines.base import Route, UpstreamError
+from rolloutgate.engines.progress import index_of
 from rolloutgate.errors import GatewayError, Unavailable
 from rolloutgate.server.continuation import GenerateStitcher
 
@@ -39,27 +41,77 @@ class Finished:
 OutboxItem = bytes | Finished | GatewayError  # bytes: one stream event's JSON data, forwarded as SSE
 
 
-class Outbox(asyncio.Queue[OutboxItem]):
-    """One subscriber's queue; counts the stream bytes waiting in it (how far its client is behind)."""
+class Outbox:
+    """One subscriber's queue; counts the stream bytes waiting in it (how far its client is behind).
 
-    buffered_bytes: int
-    limit_bytes: int
+    The part of `asyncio.Queue`'s API the edge uses (`put_nowait`, `get`, `get_nowait`, `empty`, `qsize`), for
+    one reader, at a fraction of its cost: a list and, while the reader waits, one future (an asyncio.Queue
+    holds three deques and an Event, ~3 KB per subscriber, and costs several times more per item; measured in
+    docs/benchmarks.md). `get(timeout_s)` raises TimeoutError when nothing came for that long.
+    """
 
-    def _init(self, maxsize: int) -> None:
-        super()._init(maxsize)  # type: ignore[misc]
+    __slots__ = ("_head", "_items", "_waiter", "buffered_bytes", "limit_bytes")
+
+    def __init__(self) -> None:
+        self._items: list[OutboxItem] = []
+        self._head = 0  # items before it were taken
+        self._waiter: asyncio.Future[bool] | None = None  # True: woken by the timeout
         self.buffered_bytes = 0
         self.limit_bytes = DEFAULT_CLIENT_BUFFER_BYTES
 
-    def _put(self, item: OutboxItem) -> None:
-        super()._put(item)  # type: ignore[misc]
+    def empty(self) -> bool:
+        return self._head == len(self._items)
+
+    def qsize(self) -> int:
+        return len(self._items) - self._head
+
+    def put_nowait(self, item: OutboxItem) -> None:
+        self._items.append(item)
         if isinstance(item, bytes):
             self.buffered_bytes += len(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(False)
 
-    def _get(self) -> OutboxItem:
-        item: OutboxItem = super()._get()  # type: ignore[misc]
+    def get_nowait(self) -> OutboxItem:
+        """The oldest item. Raises asyncio.QueueEmpty when there is none."""
+        items = self._items
+        head = self._head
+        if head == len(items):
+            raise asyncio.QueueEmpty
+        item = items[head]
+        head += 1
+        if head == len(items):
+            items.clear()
+            head = 0
+        elif head >= 64 and head * 2 >= len(items):
+            del items[:head]  # a reader that never catches up: drop the taken slots now and then
+            head = 0
+        self._head = head
         if isinstance(item, bytes):
             self.buffered_bytes -= len(item)
         return item
+
+    async def get(self, timeout_s: float | None = None) -> OutboxItem:
+        """The oldest item, waiting for one (at most `timeout_s`, then TimeoutError)."""
+        while self._head == len(self._items):
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            timer = None if timeout_s is None else loop.call_later(timeout_s, _time_out, waiter)
+            try:
+                timed_out = await waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+            if timed_out and self._head == len(self._items):
+                raise TimeoutError
+        return self.get_nowait()
+
+
+def _time_out(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(True)
 
 
 def _too_slow(limit_bytes: int) -> GatewayError:
@@ -83,6 +135,7 @@ class Exchange:
     max_buffered_bytes: int = DEFAULT_CLIENT_BUFFER_BYTES  # a subscriber further behind is cut off
     history: list[bytes] | None = None  # published stream events (streaming clients): replay and continuation
     stitcher: GenerateStitcher | None = None  # a continued /generate stream's chunk rewriter
+    cumulative: bool = True  # /generate chunks repeat all earlier output (SGLang's default streaming mode)
     committed: bool = False  # a client already received a 200 (keep-alive): errors must be framed in-body
     # upstream state, owned by the driver
     attempt: int = 0
@@ -93,6 +146,7 @@ class Exchange:
     delivered_tokens: int = 0  # tokens a streaming client has already been sent
     upstream_error: UpstreamError | None = None  # the engine's own non-retryable error, passed through
     ended: bool = False
+    on_abandoned: Callable[[Exchange], None] | None = None  # the last reader was cut off (set by the driver)
 
     def subscribe(self) -> Outbox:
         """A queue of everything this exchange publishes from now on (stream history first, if kept)."""
@@ -119,7 +173,10 @@ class Exchange:
     def send_event(self, data: bytes) -> None:
         if not self.ended:
             if self.history is not None:
-                self.history.append(data)
+                if self.route is Route.GENERATE and self.cumulative:
+                    self._remember_latest(self.history, data)
+                else:
+                    self.history.append(data)
             lagging = None
             for queue in self.subscribers:
                 queue.put_nowait(data)
@@ -127,16 +184,47 @@ class Exchange:
                     lagging = [*(lagging or ()), queue]
             if lagging:
                 for queue in lagging:
-                    self._cut_off(queue)
+                    if self.route is Route.GENERATE and self.cumulative:
+                        self._coalesce(queue, data)
+                    else:
+                        self._cut_off(queue)
+
+    @staticmethod
+    def _remember_latest(history: list[bytes], data: bytes) -> None:
+        """Cumulative /generate chunks: the newest chunk of a choice holds all its earlier ones (what replay
+        and continuation read from them, engines/assemble.py), so the history keeps one chunk per choice.
+        Keeping them all grows with the square of the length: measured 150 KB per stream after 120 tokens,
+        megabytes after a thousand (docs/benchmarks.md)."""
+        index = index_of(data)
+        if index is None:  # one choice, the usual case
+            history.clear()
+            history.append(data)
+            return
+        for position, earlier in enumerate(history):
+            if index_of(earlier) == index:
+                history[position] = data
+                return
+        history.append(data)
+
+    def _coalesce(self, queue: Outbox, latest: bytes) -> None:
+        """SGLang's /generate stream is cumulative: each chunk holds everything before it, so a reader that
+        lags needs only the newest one. Nothing is lost and the buffer shrinks to one chunk."""
+        while not queue.empty():
+            queue.get_nowait()
+        queue.put_nowait(latest)
 
     def _cut_off(self, queue: Outbox) -> None:
         """A subscriber fell too far behind: drop what it has not read and end it with an error, so a slow
-        reader never makes the gateway buffer a whole generation for it. Its handler then writes the error
-        and leaves (front.run_exchange reports the client gone when it was the last one)."""
+        reader never makes the gateway buffer a whole generation for it. Its handler writes the error if the
+        client ever reads again; when it was the last reader, `on_abandoned` tells the driver at once (the
+        handler may stay blocked on the socket until the app's watchdog cuts it), so the generation is
+        aborted after the retry grace instead of running to its end for nobody."""
         self.subscribers.remove(queue)
         while not queue.empty():
             queue.get_nowait()
         queue.put_nowait(_too_slow(self.max_buffered_bytes))
+        if not self.subscribers and self.on_abandoned is not None:
+            self.on_abandoned(self)
 
     def cancel_upstream(self) -> None:
         task = self.upstream_task

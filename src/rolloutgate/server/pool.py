@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
 
 from rolloutgate.config import EngineSpec, GatewaySettings
+from rolloutgate.core.admission import default_prefill_budget
 from rolloutgate.core.events import EngineHealthChecked, EngineJoined, EngineLeft, Event
 from rolloutgate.engines.base import EngineClient, EngineFamily, EngineInfo, UpstreamError
 from rolloutgate.engines.detect import detect_family, make_client
@@ -36,6 +38,7 @@ class EngineHandle:
     state: str = "healthy"  # last MarkEngine state from the core
     health_task: asyncio.Task[None] | None = None
     consecutive_failures: int = 0
+    maintenance: int = 0  # > 0 while the admin API pauses or updates it: health checks are not judged
 
     def describe(self) -> dict[str, object]:
         return {
@@ -80,10 +83,18 @@ class EnginePool:
             capacity=capacity,
         )
         self.engines[handle.engine_id] = handle
-        self.emit(EngineJoined(engine_id=handle.engine_id, capacity=capacity))
+        budget = self.prefill_budget(info, capacity)
+        self.emit(EngineJoined(engine_id=handle.engine_id, capacity=capacity, prefill_token_budget=budget))
         handle.health_task = asyncio.create_task(self._health_loop(handle), name=f"health-{handle.engine_id}")
         log.info("engine joined", extra={"engine": handle.engine_id, "url": spec.url, "capacity": capacity})
         return handle
+
+    def prefill_budget(self, info: EngineInfo, capacity: int) -> float:
+        """The engine's prefill token budget: configured, derived from its chunk size and capacity, or none."""
+        configured = self.settings.prefill_budget_tokens
+        if configured is None:
+            return default_prefill_budget(info.chunked_prefill_size, capacity)
+        return math.inf if configured == 0 else configured
 
     def remove(self, engine_id: str) -> EngineHandle | None:
         handle = self.engines.pop(engine_id, None)
@@ -116,6 +127,8 @@ class EnginePool:
                     ok = await handle.client.health()
             except (TimeoutError, UpstreamError):
                 ok = False
+            if handle.maintenance:
+                continue  # a paused or updating engine may fail its health probe (SGLang's generates a token)
             self._record_health(handle, ok)
 
     def _record_health(self, handle: EngineHandle, ok: bool) -> None:
