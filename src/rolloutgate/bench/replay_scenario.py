@@ -89,7 +89,7 @@ class ReplayConfig:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ReplayConfig:
-        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
         return cls(**fields)
 
 

@@ -12,8 +12,8 @@ built exactly as `GatewayServer` builds it; the tap only observes:
   variable set by the middleware); an attempt that attached to an earlier request learns it from the
   `X-Rolloutgate-Request-Id` response header;
 - the driver's `on_end` callbacks record each request's verdict (answer or error code) and timing;
-- a log handler on `rolloutgate.driver` records every engine state the core decides (quarantined, unhealthy,
-  healthy), which gives the time a frozen engine was detected.
+- the core's `handle` and `on_time` are wrapped to see every `MarkEngine` command it returns (quarantined,
+  unhealthy, healthy), which gives the time a frozen engine was detected.
 
 All times are the simulator's clock (simulated seconds), so the three views share one time line.
 """
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from rolloutgate.config import GatewaySettings
+from rolloutgate.core.commands import Command, MarkEngine
 from rolloutgate.server.app import build_app
 from rolloutgate.server.context import CONTEXT, GatewayContext
 from rolloutgate.server.exchange import Exchange, Finished
@@ -103,16 +103,6 @@ class EngineMark:
         return {"at": self.at, "engine_url": self.engine_url, "state": self.state, "detail": self.detail}
 
 
-class _MarkHandler(logging.Handler):
-    def __init__(self, on_mark: Callable[[logging.LogRecord], None]) -> None:
-        super().__init__(level=logging.WARNING)
-        self._on_mark = on_mark
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if getattr(record, "state", None) is not None:
-            self._on_mark(record)
-
-
 @dataclass(eq=False)
 class TappedGateway:
     """Run the gateway of `settings` on 127.0.0.1 with the tap; times from `now` (simulated seconds)."""
@@ -125,7 +115,6 @@ class TappedGateway:
     url: str = ""
     _runner: web.AppRunner | None = None
     _app: web.Application | None = None
-    _handler: _MarkHandler | None = None
 
     @property
     def context(self) -> GatewayContext:
@@ -147,8 +136,17 @@ class TappedGateway:
 
         driver.submit = tapped_submit  # type: ignore[method-assign]
         driver.on_end.append(self._on_end)
-        self._handler = _MarkHandler(self._on_mark)
-        logging.getLogger("rolloutgate.driver").addHandler(self._handler)
+        core = driver.core
+        handle, on_time = core.handle, core.on_time
+
+        def tapped_handle(event: Any, now: float) -> list[Command]:
+            return self._look(handle(event, now))
+
+        def tapped_on_time(now: float) -> list[Command]:
+            return self._look(on_time(now))
+
+        core.handle = tapped_handle  # type: ignore[method-assign]
+        core.on_time = tapped_on_time  # type: ignore[method-assign]
         self._app = app
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
@@ -159,9 +157,6 @@ class TappedGateway:
         return self.url
 
     async def stop(self) -> None:
-        if self._handler is not None:
-            logging.getLogger("rolloutgate.driver").removeHandler(self._handler)
-            self._handler = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -211,14 +206,16 @@ class TappedGateway:
             timing=timing,
         )
 
-    def _on_mark(self, record: logging.LogRecord) -> None:
-        engine_id = getattr(record, "engine", None)
-        handle = self.context.pool.engines.get(engine_id) if isinstance(engine_id, str) else None
-        self.marks.append(
-            EngineMark(
-                at=self.now(),
-                engine_url=None if handle is None else handle.url,
-                state=str(record.state),  # type: ignore[attr-defined]
-                detail=record.getMessage(),
-            )
-        )
+    def _look(self, commands: list[Command]) -> list[Command]:
+        for command in commands:
+            if isinstance(command, MarkEngine):
+                handle = self.context.pool.engines.get(command.engine_id)
+                self.marks.append(
+                    EngineMark(
+                        at=self.now(),
+                        engine_url=None if handle is None else handle.url,
+                        state=command.state,
+                        detail=command.detail,
+                    )
+                )
+        return commands

@@ -10,9 +10,11 @@ Events:
 - update: engine-time mode calls the gateway's `/admin/update_weights` (gate closed, engines paused in place,
   weights loaded, resumed); wallclock mode pauses every engine itself (`/pause_generation` in place), loads the
   weights, continues (the gateway knows nothing, like the incident's proxy);
-- freeze: the engine stops for good. The freeze lands while the engine is decoding, not in the middle of a
-  ~100K-token prefill, so that "detected within stall_timeout" is what is measured (during a large prefill the
-  gateway rightly allows the prefill's time on top, see core/liveness.py); the wait is recorded.
+- freeze: the engine stops for good. The freeze lands while the engine is decoding for someone and no
+  ~100K-token prefill is in progress there (neither on the engine nor, as the gateway counts it, on its way
+  there), so that "detected within stall_timeout" is what is measured (an idle engine
+  is only found by health checks, and during a large prefill the gateway rightly allows the prefill's time on
+  top, see core/liveness.py); the wait is recorded.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +44,19 @@ log = logging.getLogger("rolloutgate.replay")
 Progress = Callable[[dict[str, Any]], None]
 _LARGE_PREFILL_TOKENS = 4096  # the gateway's contention threshold (core/config.py)
 _PROGRESS_EVERY_REAL_S = 0.5
+_LAG_PROBE_REAL_S = 0.05
+_LAG_REPORTED_REAL_S = 0.1  # stalls of the event loop longer than this are recorded
+
+
+async def _watch_loop(now: Callable[[], float], lags: list[tuple[float, float]]) -> None:
+    """Record when this process's event loop fell behind: every timer, keep-alive and progress event of the
+    mode waited that long (the fidelity of a time-scaled run depends on it)."""
+    while True:
+        before = time.perf_counter()
+        await asyncio.sleep(_LAG_PROBE_REAL_S)
+        late = time.perf_counter() - before - _LAG_PROBE_REAL_S
+        if late > _LAG_REPORTED_REAL_S:
+            lags.append((round(now(), 1), round(late, 3)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,6 +76,7 @@ class ModeRecords:
     ended_at: float
     real_s: float
     cpu_s: float
+    loop_lags: list[tuple[float, float]]  # (simulated time, real seconds late) of event-loop stalls
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -143,27 +159,67 @@ class _Events:
 
     async def _freeze(self, engine: SimEngine, record: dict[str, Any]) -> None:
         poll_s = max(0.01, self.config.real_s(0.5))
-        while _has_large_prefill(engine):
+        while not self._is_freeze_moment(engine):  # noqa: ASYNC110 - polls the engine's and the gateway's state
             await asyncio.sleep(poll_s)
         record["waited_s"] = self.cluster.clock.now() - record["at"]
         record["at"] = self.cluster.clock.now()
         engine.set_fault(Fault(kind="freeze"))
 
+    def _is_freeze_moment(self, engine: SimEngine) -> bool:
+        return _is_decoding_only(engine) and not _gateway_sees_large_prefill(self.gateway, engine.url)
 
-def _has_large_prefill(engine: SimEngine) -> bool:
-    return any(
-        r.state.value == "prefilling" and r.prompt_tokens - r.cached_tokens >= _LARGE_PREFILL_TOKENS
-        for r in engine.requests().values()
+
+def _gateway_sees_large_prefill(gateway: TappedGateway, url: str) -> bool:
+    """The gateway counts a large prefill on this engine (one may still be on its way there)."""
+    handle = gateway.context.pool.by_url(url)
+    if handle is None:
+        return False
+    stats = gateway.context.driver.core.stats()
+    return any(e.engine_id == handle.engine_id and e.large_prefills > 0 for e in stats.engines)
+
+
+def _is_decoding_only(engine: SimEngine) -> bool:
+    """The engine is decoding for someone and prefilling no large prompt (a freeze there is what a gateway
+    must catch within its stall timeout)."""
+    live = [r for r in engine.requests().values() if not r.is_finished]
+    is_large_prefill = any(
+        r.state.value in ("waiting", "prefilling")
+        and r.prompt_tokens - r.cached_tokens >= _LARGE_PREFILL_TOKENS
+        for r in live
     )
+    return not is_large_prefill and any(r.state.value == "running" for r in live)
 
 
-async def run_mode(config: ReplayConfig, mode: str, progress: Progress | None = None) -> ModeRecords:
-    """Run one mode ("engine" or "wallclock") for `config.duration_s` simulated seconds."""
+async def warm_up(litellm: Any) -> None:
+    """One call through LiteLLM before the clock starts: its first call loads much of the library (seconds
+    of CPU), which would otherwise stall the first simulated minutes."""
+    async with SimCluster(engines=1, api="sglang", profile="fast") as cluster:
+        await litellm.acompletion(
+            model="openai/sim-model",
+            api_base=f"{cluster.urls[0]}/v1",
+            api_key="replay",
+            messages=[{"role": "user", "content": "warm up"}],
+            max_tokens=4,
+            timeout=30,
+        )
+
+
+async def run_mode(
+    config: ReplayConfig,
+    mode: str,
+    progress: Progress | None = None,
+    ready: Callable[[], Awaitable[None]] | None = None,
+) -> ModeRecords:
+    """Run one mode ("engine" or "wallclock") for `config.duration_s` simulated seconds. `ready`, if given, is
+    awaited once LiteLLM is loaded and warm, just before the engines start (to start both modes together)."""
     if mode not in ("engine", "wallclock"):
         raise ValueError(f"mode must be 'engine' or 'wallclock', got {mode!r}")
     from rolloutgate.bench.replay_agents import import_litellm
 
     litellm = import_litellm()
+    await warm_up(litellm)
+    if ready is not None:
+        await ready()
     real0, cpu0 = time.perf_counter(), time.process_time()
     async with SimCluster(
         engines=config.engines,
@@ -174,6 +230,8 @@ async def run_mode(config: ReplayConfig, mode: str, progress: Progress | None = 
     ) as cluster:
         ledgers = [GenerationLedger.attach(engine) for engine in cluster.engines]
         clock = cluster.clock
+        lags: list[tuple[float, float]] = []
+        watcher = asyncio.create_task(_watch_loop(clock.now, lags))
         gateway = TappedGateway(gateway_settings(config, mode, cluster.urls), now=clock.now)
         await gateway.start()
         connector = aiohttp.TCPConnector(limit=0)
@@ -195,6 +253,7 @@ async def run_mode(config: ReplayConfig, mode: str, progress: Progress | None = 
                     task.cancel()
                 await asyncio.gather(*event_tasks, return_exceptions=True)
                 await fleet.stop()
+                watcher.cancel()
         generations: list[dict[str, Any]] = []
         holds: list[dict[str, Any]] = []
         for engine, ledger in zip(cluster.engines, ledgers, strict=True):
@@ -217,6 +276,7 @@ async def run_mode(config: ReplayConfig, mode: str, progress: Progress | None = 
             ended_at=ended_at,
             real_s=time.perf_counter() - real0,
             cpu_s=time.process_time() - cpu0,
+            loop_lags=lags,
         )
         if progress is not None:
             progress(_progress(mode, ended_at, fleet, config) | {"done": True})

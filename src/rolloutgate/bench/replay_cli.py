@@ -1,0 +1,125 @@
+"""`rolloutgate replay incident`: the incident replayed side by side, engine time vs wallclock.
+
+    rolloutgate replay incident [--time-scale S] [--agents N] [--duration D] [--out DIR] [--sessions]
+
+Prints a progress bar while both modes run, then the table of figures and the verdicts; writes
+DIR/replay.json, DIR/replay.png and the raw records (see bench/replay.py and docs/replay.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rolloutgate.bench.replay_scenario import MODES, ReplayConfig
+
+__all__ = ("add_arguments", "run")
+
+SCENARIOS = ("incident",)
+_DEFAULTS = ReplayConfig()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("scenario", choices=SCENARIOS, help="the scenario to replay")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=_DEFAULTS.time_scale,
+        help=f"simulated seconds per real second (default {_DEFAULTS.time_scale:g})",
+    )
+    parser.add_argument(
+        "--agents", type=int, default=_DEFAULTS.agents, help=f"agents (default {_DEFAULTS.agents})"
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=_DEFAULTS.duration_s,
+        help=f"simulated seconds (default {_DEFAULTS.duration_s:g})",
+    )
+    parser.add_argument(
+        "--engines", type=int, default=_DEFAULTS.engines, help=f"engines (default {_DEFAULTS.engines})"
+    )
+    parser.add_argument("--seed", type=int, default=_DEFAULTS.seed, help="workload seed (default 0)")
+    parser.add_argument(
+        "--out", type=Path, default=Path("out/replay"), help="output folder (default out/replay)"
+    )
+    parser.add_argument(
+        "--sessions", action="store_true", help="agents use the gateway's session API (/sessions/{id}/v1)"
+    )
+    parser.add_argument("--modes", default=",".join(MODES), help="modes to run (default engine,wallclock)")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the modes in this process (one core) instead of one each",
+    )
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a verdict does not hold")
+
+
+def _config(args: argparse.Namespace) -> ReplayConfig:
+    return ReplayConfig(
+        time_scale=args.time_scale,
+        agents=args.agents,
+        duration_s=args.duration,
+        engines=args.engines,
+        seed=args.seed,
+        sessions=args.sessions,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from rolloutgate.bench.replay import run_replay
+    from rolloutgate.bench.replay_report import print_report
+
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise SystemExit(f"--modes takes {', '.join(MODES)}; got {args.modes!r}")
+    try:
+        config = _config(args)
+    except ValueError as exc:
+        raise SystemExit(f"rolloutgate replay: {exc}") from exc
+    console = Console()
+    console.print(
+        f"replaying the incident: {config.agents} agents on {config.engines} simulated SGLang engines, "
+        f"{config.duration_s:.0f} simulated s at x{config.time_scale:g} (~{config.real_s(config.duration_s):.0f} s), "
+        f"modes: {', '.join(modes)}"
+    )
+    with Progress(
+        TextColumn("{task.description:<12}"),
+        BarColumn(),
+        TextColumn("{task.fields[now]:>6.0f}/{task.total:.0f} s"),
+        TextColumn("{task.fields[turns]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as bar:
+        tasks = {
+            mode: bar.add_task(mode, total=config.duration_s, now=0.0, turns="starting (imports LiteLLM)")
+            for mode in modes
+        }
+
+        def progress(state: dict[str, Any]) -> None:
+            task = tasks.get(str(state.get("mode")))
+            if task is not None:
+                turns = f"{state['turns_ok']} turns ok, {state['turns_failed']} failed"
+                bar.update(task, completed=float(state["now"]), now=float(state["now"]), turns=turns)
+
+        result = asyncio.run(
+            run_replay(
+                config,
+                args.out,
+                modes=modes,
+                in_process=args.in_process,
+                progress=progress,
+                plot=not args.no_plot,
+            )
+        )
+    print_report(result, console)
+    console.print(f"written: {args.out}/replay.json" + ("" if args.no_plot else f", {args.out}/replay.png"))
+    return 1 if args.check and not result.passed else 0
