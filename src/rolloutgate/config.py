@@ -79,6 +79,21 @@ class GatewaySettings(BaseSettings):
     affinity_max_excess: int = Field(
         default=8, ge=0, description="in flight above the least loaded engine before a session moves"
     )
+    placement: Literal["prefill_aware", "session_affinity", "least_outstanding"] = Field(
+        default="prefill_aware", description="how requests are placed on engines (docs/prefill.md)"
+    )
+    prefill_budget_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="uncached prompt tokens in prefill at once per engine: none = from the engine's chunk size "
+        "and capacity, 0 or 'off' = no budget (docs/prefill.md)",
+    )
+    prefill_rest_ratio: float = Field(
+        default=0.5,
+        ge=0,
+        le=100,
+        description="after long prefills an engine takes no other for this times their duration (0 = never)",
+    )
     progress_every_tokens: int = Field(default=1, ge=1, description="stream interval asked of engines")
 
     keepalive_interval: float = Field(default=15.0, ge=0, description="0 turns keep-alive off")
@@ -95,6 +110,8 @@ class GatewaySettings(BaseSettings):
     allow_remote_admin: bool = False
     api_keys: list[str] = Field(default_factory=list)
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    max_header_bytes: int = Field(default=8190, ge=256, description="longest request line or header field")
+    max_headers: int = Field(default=128, ge=8, description="most header fields in one request")
     max_messages: int = Field(default=4096, ge=1)
     max_tokens_limit: int = Field(default=262_144, ge=1)
 
@@ -108,7 +125,28 @@ class GatewaySettings(BaseSettings):
         default=4 * 1024**3, ge=1, description="approximate memory bound, all sessions"
     )
     state_dir: str | None = None
+    shutdown_grace: float = Field(
+        default=30.0, ge=0, description="on SIGTERM, seconds in-flight requests get to finish before a 503"
+    )
+    client_write_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        description="REAL seconds (not time-scaled: clients read in real time) a client may leave its "
+        "answer unread before it is cut off",
+    )
+    client_buffer_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=64 * 1024,
+        description="stream bytes a slow client may fall behind before it is cut off with an error",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("prefill_budget_tokens", mode="before")
+    @classmethod
+    def _budget_off(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() in ("off", "none", "derived", "auto"):
+            return 0 if value.strip().lower() == "off" else None
+        return value
 
     @field_validator("engines", mode="before")
     @classmethod

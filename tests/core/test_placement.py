@@ -24,6 +24,11 @@ class View:
     capacity: int = 4
     budget: float = float("inf")
     prefill: int = 0
+    decoding: int = 0
+    backlog_tokens: int = 0
+
+    def has_room(self) -> bool:
+        return self.in_flight < self.capacity
 
     def can_admit(self, request: PlacementRequest) -> bool:
         uncached = request.uncached_on(self.engine_id)
@@ -102,6 +107,7 @@ def test_affinity_without_session_or_unknown_engine_is_least_loaded() -> None:
 def test_bound_helper_and_factory() -> None:
     assert is_within_bound(5, 2, 3) and not is_within_bound(6, 2, 3)
     assert make_policy("least_outstanding").name == "least_outstanding"
+    assert make_policy("prefill_aware", max_excess=3).name == "prefill_aware"
     assert isinstance(make_policy("session_affinity", max_excess=4), SessionAffinity)
     with pytest.raises(ValueError):
         make_policy("random")

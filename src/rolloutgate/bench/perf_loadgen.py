@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import sys
@@ -86,7 +87,8 @@ async def _closed(args: argparse.Namespace) -> dict[str, Any]:
                         tokens += _completion_tokens(raw)
 
         tasks = [asyncio.create_task(loop()) for _ in range(args.connections)]
-        await asyncio.wait(tasks, timeout=args.duration + args.read_timeout)
+        # requests still running at the deadline get `--drain` seconds, then they are cut (not counted)
+        await asyncio.wait(tasks, timeout=args.duration + args.drain)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -136,10 +138,8 @@ async def _hold(args: argparse.Namespace) -> dict[str, Any]:
         began = time.monotonic()
         while not all_open.is_set() and time.monotonic() - began < args.open_timeout:
             print(f"open {opened} failed {failed}", flush=True)
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(all_open.wait(), timeout=1.0)
-            except TimeoutError:
-                pass
         if all_open.is_set():
             print("all-open", flush=True)
         await asyncio.sleep(args.hold)
@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     closed.add_argument("--connections", type=int, default=32)
     closed.add_argument("--duration", type=float, default=5.0)
     closed.add_argument("--read-timeout", type=float, default=60.0)
+    closed.add_argument("--drain", type=float, default=5.0, help="seconds to finish after the deadline")
     closed.add_argument("--count-tokens", action="store_true")
     closed.add_argument("--max-new-tokens", metavar="LO:HI")
     closed.add_argument("--seed", type=int, default=0)

@@ -22,6 +22,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 __all__ = (
     "ROUTER_VENV",
@@ -42,6 +43,24 @@ __all__ = (
 
 ROUTER_VENV = Path(".venv-bench-router")
 ROUTER_PACKAGE = "sglang-router"
+_log_dir: Path | None = None  # where the servers' stderr goes (None: discarded)
+
+
+def set_log_dir(path: Path | None) -> None:
+    """Send the stderr of every server started from now on to `path/<name>-<n>.log`."""
+    global _log_dir
+    _log_dir = path
+    if path is not None:
+        path.mkdir(parents=True, exist_ok=True)
+
+
+def _spawn(command: list[str], name: str, *, stdout: Any) -> subprocess.Popen[str]:
+    """Start a server; its stderr goes to a log file of the log folder, or nowhere."""
+    if _log_dir is None:
+        return subprocess.Popen(command, stdout=stdout, stderr=subprocess.DEVNULL, text=True)
+    index = len(list(_log_dir.glob(f"{name}-*.log")))
+    with open(_log_dir / f"{name}-{index}.log", "w") as log_file:
+        return subprocess.Popen(command, stdout=stdout, stderr=log_file, text=True)
 
 
 def cpu_count() -> int:
@@ -201,7 +220,7 @@ def start_sim(
         "0",
         *(overrides or []),
     ]
-    popen = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    popen = _spawn(command, "sim", stdout=subprocess.PIPE)
     assert popen.stdout is not None
     urls: list[str] = []
     deadline = time.monotonic() + 60
@@ -226,7 +245,7 @@ def start_gateway(
     for url in engine_urls:
         command += ["--engine", f"sglang+{url}"]
     command += ["--log-level", "warning", *(extra_args or [])]
-    popen = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    popen = _spawn(command, "rolloutgate", stdout=subprocess.PIPE)
     url = _read_until(popen, r"rolloutgate serving on (http://\S+)", "the gateway")[0]
     _drain_in_background(popen)
     wait_http_ok(url + "/ready", timeout_s=60)
@@ -299,7 +318,7 @@ def start_router(cpus: str | None, engine_urls: list[str], python: Path) -> Mana
         "--log-level",
         "warn",
     ]
-    popen = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+    popen = _spawn(command, "sglang-router", stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http_ok(url + "/readiness", timeout_s=90, process=popen)

@@ -51,6 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sessions", action="store_true", help="agents use the gateway's session API (/sessions/{id}/v1)"
     )
+    parser.add_argument(
+        "--no-prefill-admission",
+        action="store_true",
+        help="engine-time gateway without prefill-aware admission, as before it (docs/prefill.md)",
+    )
     parser.add_argument("--modes", default=",".join(MODES), help="modes to run (default engine,wallclock)")
     parser.add_argument(
         "--in-process",
@@ -69,6 +74,7 @@ def _config(args: argparse.Namespace) -> ReplayConfig:
         engines=args.engines,
         seed=args.seed,
         sessions=args.sessions,
+        prefill_admission=not args.no_prefill_admission,
     )
 
 

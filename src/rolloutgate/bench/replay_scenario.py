@@ -40,6 +40,7 @@ class ReplayConfig:
     engines: int = 4
     seed: int = 0
     sessions: bool = False  # agents use the gateway's session API (/sessions/{id}/v1)
+    prefill_admission: bool = True  # engine-time gateway with prefill-aware admission (docs/prefill.md)
     # clients and gateways (as in the incident)
     client_timeout_s: float = 300.0
     gateway_timeout_s: float = 600.0

@@ -86,6 +86,14 @@ class ModeRecords:
         return cls(**data)
 
 
+# the gateway as it was before prefill-aware admission (`--no-prefill-admission`, docs/prefill.md)
+PREFILL_ADMISSION_OFF: dict[str, Any] = {
+    "placement": "session_affinity",
+    "prefill_budget_tokens": 0,
+    "prefill_rest_ratio": 0.0,
+}
+
+
 def gateway_settings(config: ReplayConfig, mode: str, urls: list[str]) -> GatewaySettings:
     return GatewaySettings(
         host="127.0.0.1",
@@ -97,6 +105,7 @@ def gateway_settings(config: ReplayConfig, mode: str, urls: list[str]) -> Gatewa
         stall_timeout=config.stall_timeout_s,
         progress_every_tokens=config.progress_every_tokens,
         log_level="warning",
+        **({} if config.prefill_admission else PREFILL_ADMISSION_OFF),
     )
 
 

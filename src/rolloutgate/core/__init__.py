@@ -12,7 +12,7 @@ Module map:
     gateway, ledger                   the state machine: handlers and verdicts over shared bookkeeping
     request_clock                     the one home of budget arithmetic (charged, queue, paused, contention)
     wait_queue, dispatcher            who waits where, what starts next (O(log n) per decision)
-    admission, session_table          per-engine slots and prefill budget; where each session's prefix lives
+    admission, session_table          per-engine slots, prefill budget and rest; where each session's prefix lives
     placement/                        one module per policy behind `PlacementPolicy`
     liveness                          per-engine hung detection with a prefill allowance
     gate                              the weight-update gate

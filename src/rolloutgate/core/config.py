@@ -16,7 +16,7 @@ from rolloutgate.core.events import ClockMode
 
 __all__ = ("PLACEMENTS", "GatewayCoreConfig")
 
-PLACEMENTS = ("session_affinity", "least_outstanding")
+PLACEMENTS = ("session_affinity", "least_outstanding", "prefill_aware")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,8 +38,14 @@ class GatewayCoreConfig:
     contention_min_prefill_tokens: int = 4096  # only prefills of at least this many uncached tokens contend
     prefill_floor_tokens_per_s: float = 2000.0  # conservative prefill speed for the liveness allowance
     max_prefill_allowance_s: float = 300.0  # cap of that allowance
+    # prefills with fewer uncached tokens than this neither wait for nor count against an engine's prefill
+    # budget (EngineJoined.prefill_token_budget); 0: every prefill counts (see admission.py)
+    prefill_budget_exempt_tokens: int = 0
+    # after an engine's budgeted prefills end, it takes no new budgeted prefill for this times their duration
+    # while requests decode there (their share of the engine between long prefills); 0: no rest
+    prefill_rest_ratio: float = 0.0
     # placement
-    placement: str = "session_affinity"  # or "least_outstanding" (wallclock mode always uses the latter)
+    placement: str = "session_affinity"  # "least_outstanding", "prefill_aware" (wallclock: least_outstanding)
     affinity_max_excess: int = (
         8  # a session moves when its engine has more than this many in flight above the least loaded
     )
@@ -64,6 +70,10 @@ class GatewayCoreConfig:
             value = getattr(self, name)
             if math.isnan(value) or value < 0:
                 raise ValueError(f"{name} must be >= 0 (math.inf for none), got {value!r}")
+        if math.isnan(self.prefill_rest_ratio) or not 0 <= self.prefill_rest_ratio < math.inf:
+            raise ValueError(
+                f"prefill_rest_ratio must be a finite number >= 0, got {self.prefill_rest_ratio!r}"
+            )
         if not (self.prefill_floor_tokens_per_s > 0 and self.stall_recheck_s > 0):
             raise ValueError("prefill_floor_tokens_per_s and stall_recheck_s must be > 0")
         if self.engine_stall_timeout_s == 0:
@@ -71,7 +81,8 @@ class GatewayCoreConfig:
         for name in ("max_queue", "max_attempts", "max_sessions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
-        if self.contention_min_prefill_tokens < 0 or self.affinity_max_excess < 0:
-            raise ValueError("contention_min_prefill_tokens and affinity_max_excess must be >= 0")
+        for name in ("contention_min_prefill_tokens", "affinity_max_excess", "prefill_budget_exempt_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")

@@ -21,12 +21,21 @@ requests; each round dispatches, parks or blocks something, so a pump is O((E + 
 
 Outcomes per candidate:
 - it fits -> yield it (dispatch);
+- the policy names an engine that cannot admit it now (prefill_aware: the cheapest engine's budget must drain
+  first, placement/prefill_aware.py) -> park it in that engine's lane, weighted by the uncached tokens it will
+  cost there (the lane weights are part of the engine's backlog that placement reads); the next shared request
+  becomes the head;
 - shared head, nothing fits now, and it has a target (pinned engine; affine engine under an affinity policy)
   -> park it in that engine's lane; the next shared request becomes the head;
 - shared head, nothing fits and no target -> the shared lane is blocked for this pump (FIFO). If an engine had a
-  slot but no room in its prefill budget, the least loaded such engine is *reserved* for this head: it takes no
-  other work in this pump, so its prefills drain and the large prompt runs next (no starvation);
-- an engine lane head that does not fit its engine's prefill budget reserves that engine likewise.
+  slot but no room in its prefill budget, the engine whose budgeted prefills drain first is *reserved* for this
+  head: it takes no other budgeted work in this pump (prefills exempt from the budget still go, see
+  admission.py), so its prefills drain and the large prompt runs next (no starvation). It is the same engine
+  pump after pump: a reserved engine's budgeted tokens only shrink;
+- an engine lane head that does not fit its engine's prefill budget: if it waits there by choice (not pinned)
+  and the policy now prefers another engine that can admit it at once, it goes there (late binding: a prompt
+  parked for one engine takes whichever frees first when that is cheaper); otherwise it reserves its engine
+  likewise.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 
 from rolloutgate.core.engine_record import EngineRecord
-from rolloutgate.core.placement import PlacementPolicy, PlacementRequest, is_within_bound
+from rolloutgate.core.placement import EngineView, PlacementPolicy, PlacementRequest, is_within_bound
 from rolloutgate.core.placement.base import eligible
 from rolloutgate.core.request_record import RequestRecord
 from rolloutgate.core.session_table import SessionTable
@@ -90,13 +99,10 @@ class Dispatcher:
         skipped: set[Lane] = set()
         is_shared_blocked = False
         while len(queue):
-            views = [e for e in schedulable if e.engine_id not in reserved] if reserved else schedulable
-            least = min(
-                (e.slots.in_flight for e in views if e.slots.in_flight < e.slots.capacity), default=-1
-            )
+            least = _least_in_flight(schedulable, reserved)
             if least < 0:
                 return  # no engine has a free slot
-            best = self._best_candidate(engines, reserved, skipped, least, is_shared_blocked)
+            best = self._best_candidate(requests, engines, reserved, skipped, least, is_shared_blocked)
             if best is None:
                 return
             best_id, best_lane, best_kind = best
@@ -105,32 +111,76 @@ class Dispatcher:
                 assert best_lane is not None
                 engine = engines[best_lane[0]]
                 uncached = self._sessions.uncached(r.routing_key, r.prompt_tokens, engine.engine_id)
-                if engine.slots.can_admit(uncached):
+                if engine.slots.can_admit(uncached) and (
+                    engine.engine_id not in reserved or engine.slots.is_exempt(uncached)
+                ):
                     queue.remove(best_id)
                     yield r, engine
-                else:
-                    reserved.add(engine.engine_id)
+                    continue
+                if not best_lane[1]:  # waiting for this engine's budget: another may take it now instead
+                    elsewhere = self._elsewhere_now(r, engine, engines, schedulable, reserved)
+                    if elsewhere is not None:
+                        queue.remove(best_id)
+                        yield r, elsewhere
+                        continue
+                reserved.add(engine.engine_id)
                 continue
             placement = self.placement_request(r)
+            views = _views(schedulable, reserved)
             choice = self._policy.choose(placement, views)
             if choice is not None:
-                queue.remove(best_id)
-                yield r, engines[choice]
-                continue
+                view = next(v for v in views if v.engine_id == choice)
+                if view.can_admit(placement):
+                    queue.remove(best_id)
+                    yield r, engines[choice]
+                    continue
+                lane: Lane = (choice, False)  # the policy would rather wait for this engine's budget
+                if lane != best_lane:
+                    queue.move(best_id, lane, placement.uncached_on(choice))
+                    continue
             if best_kind == _MOVE:
                 skipped.add(best_lane)
                 continue
             target = self._target_lane(placement, engines)
             if target is not None:
-                queue.move(best_id, target)
+                queue.move(best_id, target, placement.uncached_on(target[0]))
                 continue
             is_shared_blocked = True
-            waiting_for_budget = [e for e in eligible(placement, views) if e.has_room()]  # a slot, no budget
+            waiting_for_budget = [  # a slot, but no room in the budget
+                engines[e.engine_id]
+                for e in eligible(placement, views)
+                if e.has_room() and e.engine_id not in reserved
+            ]
             if waiting_for_budget:
-                reserved.add(min(waiting_for_budget, key=lambda e: (e.in_flight, e.order)).engine_id)
+                reserved.add(min(waiting_for_budget, key=_drains_first).engine_id)
+
+    def _elsewhere_now(
+        self,
+        r: RequestRecord,
+        engine: EngineRecord,
+        engines: Mapping[str, EngineRecord],
+        schedulable: Sequence[EngineRecord],
+        reserved: set[str],
+    ) -> EngineRecord | None:
+        """Late binding: the engine the policy now prefers for a request waiting for `engine`'s budget, if it
+        is another one that can admit the request at once (None: keep waiting)."""
+        queue = self._queue
+        lane = queue.lane_of(r.request_id)
+        weight = queue.weight_of(r.request_id)
+        queue.move(r.request_id, SHARED)  # not part of the backlog it is weighing
+        placement = self.placement_request(r)
+        views = _views(schedulable, reserved)
+        choice = self._policy.choose(placement, views)
+        if choice is not None and choice != engine.engine_id:
+            view = next(v for v in views if v.engine_id == choice)
+            if view.can_admit(placement):
+                return engines[choice]
+        queue.move(r.request_id, lane, weight)
+        return None
 
     def _best_candidate(
         self,
+        requests: Mapping[str, RequestRecord],
         engines: Mapping[str, EngineRecord],
         reserved: set[str],
         skipped: set[Lane],
@@ -144,10 +194,17 @@ class Dispatcher:
             best_key, best_id = head
         for lane in queue.engine_lanes():
             engine_id, is_pinned = lane
-            if engine_id in reserved or lane in skipped:
+            if lane in skipped:
                 continue
             engine = engines.get(engine_id)
-            if engine is not None and engine.is_schedulable and engine.has_room():
+            head = queue.peek(lane)
+            if head is None:  # pragma: no cover - engine_lanes lists non-empty lanes only
+                continue
+            if engine_id in reserved:
+                if engine is None or not engine.has_room() or not self._is_exempt(requests[head[1]], engine):
+                    continue  # a reserved engine takes only prefills exempt from the budget
+                kind = _OWN
+            elif engine is not None and engine.is_schedulable and engine.has_room():
                 kind = _OWN
             elif not is_pinned and (
                 engine is None
@@ -157,11 +214,14 @@ class Dispatcher:
                 kind = _MOVE  # its engine is gone, unschedulable or overloaded: the session moves
             else:
                 continue
-            head = queue.peek(lane)
-            if head is not None and (best_key is None or head[0] < best_key):
+            if best_key is None or head[0] < best_key:
                 best_key, best_id = head
                 best_lane, best_kind = lane, kind
         return None if best_key is None else (best_id, best_lane, best_kind)
+
+    def _is_exempt(self, r: RequestRecord, engine: EngineRecord) -> bool:
+        uncached = self._sessions.uncached(r.routing_key, r.prompt_tokens, engine.engine_id)
+        return engine.slots.is_exempt(uncached)
 
     def _target_lane(self, placement: PlacementRequest, engines: Mapping[str, EngineRecord]) -> Lane:
         if placement.pinned_engine is not None:
@@ -175,3 +235,69 @@ class Dispatcher:
 
     def __repr__(self) -> str:
         return f"<Dispatcher {self._policy.name} [{len(self._queue)} waiting]>"
+
+
+def _views(schedulable: Sequence[EngineRecord], reserved: set[str]) -> Sequence[EngineView]:
+    """The engines as placement sees them: reserved ones admit only prefills exempt from the budget."""
+    if not reserved:
+        return schedulable
+    return [_ReservedView(e) if e.engine_id in reserved else e for e in schedulable]
+
+
+def _least_in_flight(schedulable: Sequence[EngineRecord], reserved: set[str]) -> int:
+    """Fewest requests in flight among the engines with a free slot, unreserved ones first; -1 if none."""
+    least = min(
+        (e.in_flight for e in schedulable if e.engine_id not in reserved and e.has_room()), default=-1
+    )
+    if least < 0 and reserved:
+        least = min((e.in_flight for e in schedulable if e.has_room()), default=-1)
+    return least
+
+
+def _drains_first(engine: EngineRecord) -> tuple[int, int, int]:
+    """Reservation order: the engine whose budgeted prefills end soonest (least of them), then least loaded.
+
+    A reserved engine takes no new budgeted work, so its budgeted tokens only shrink while the others' may
+    grow: the same engine stays the choice pump after pump until the blocked request fits there.
+    """
+    return (engine.slots.budget_tokens, engine.in_flight, engine.order)
+
+
+class _ReservedView:
+    """A reserved engine as placement sees it for the rest of a pump: it admits only exempt prefills."""
+
+    __slots__ = ("_engine",)
+
+    def __init__(self, engine: EngineRecord) -> None:
+        self._engine = engine
+
+    @property
+    def engine_id(self) -> str:
+        return self._engine.engine_id
+
+    @property
+    def order(self) -> int:
+        return self._engine.order
+
+    @property
+    def in_flight(self) -> int:
+        return self._engine.in_flight
+
+    @property
+    def outstanding_tokens(self) -> int:
+        return self._engine.outstanding_tokens
+
+    @property
+    def decoding(self) -> int:
+        return self._engine.decoding
+
+    @property
+    def backlog_tokens(self) -> int:
+        return self._engine.backlog_tokens
+
+    def has_room(self) -> bool:
+        return self._engine.has_room()
+
+    def can_admit(self, request: PlacementRequest) -> bool:
+        slots = self._engine.slots
+        return slots.has_room() and slots.is_exempt(request.uncached_on(self.engine_id))

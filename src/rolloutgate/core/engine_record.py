@@ -21,6 +21,7 @@ from rolloutgate.core.liveness import EngineLiveness
 from rolloutgate.core.placement.base import PlacementRequest
 from rolloutgate.core.request_clock import ChargeMeter
 from rolloutgate.core.timer_heap import TimerHeap
+from rolloutgate.core.wait_queue import WaitQueue
 
 if TYPE_CHECKING:
     from rolloutgate.core.request_record import RequestRecord
@@ -30,6 +31,7 @@ __all__ = ("EngineRecord",)
 
 class EngineRecord:
     __slots__ = (
+        "_queue",
         "engine_id",
         "is_paused",
         "liveness",
@@ -52,16 +54,25 @@ class EngineRecord:
         is_healthy: bool,
         is_gate_closed: bool,
         pool_stall_timeout_s: float = math.inf,
+        budget_exempt_tokens: int = 0,
+        rest_ratio: float = 0.0,
+        queue: WaitQueue | None = None,
     ) -> None:
         self.engine_id = engine_id
         self.order = order
         self.state = EngineState.HEALTHY if is_healthy else EngineState.UNHEALTHY
         self.is_paused = False
-        self.slots = EngineSlots(capacity=capacity, prefill_token_budget=prefill_token_budget)
+        self.slots = EngineSlots(
+            capacity=capacity,
+            prefill_token_budget=prefill_token_budget,
+            exempt_below_tokens=budget_exempt_tokens,
+            rest_ratio=rest_ratio,
+        )
         self.meter = ChargeMeter(is_paused=is_gate_closed)
         self.meter.set_paused(now, is_gate_closed)
         self.liveness = EngineLiveness(now=now, pool_stall_timeout_s=pool_stall_timeout_s)
         self.requests: dict[str, RequestRecord] = {}
+        self._queue = queue  # the gateway's wait queue: what waits there for this engine (backlog_tokens)
         self.timers: tuple[TimerHeap[str], TimerHeap[str]] = (TimerHeap(), TimerHeap())
 
     # --- EngineView --------------------------------------------------------------------------------------
@@ -74,6 +85,21 @@ class EngineRecord:
     def outstanding_tokens(self) -> int:
         return self.slots.prefill_tokens
 
+    @property
+    def decoding(self) -> int:
+        return self.slots.decoding
+
+    @property
+    def backlog_tokens(self) -> int:
+        slots, queue = self.slots, self._queue
+        backlog = slots.prefill_tokens + slots.rest_tokens
+        if queue is not None:
+            backlog += queue.lane_weight((self.engine_id, False)) + queue.lane_weight((self.engine_id, True))
+        return backlog
+
+    def has_room(self) -> bool:
+        return self.slots.has_room()
+
     def can_admit(self, request: PlacementRequest) -> bool:
         return self.slots.can_admit(request.uncached_on(self.engine_id))
 
@@ -82,9 +108,6 @@ class EngineRecord:
     @property
     def is_schedulable(self) -> bool:
         return self.state is EngineState.HEALTHY and not self.is_paused
-
-    def has_room(self) -> bool:
-        return self.slots.has_room()
 
     def __repr__(self) -> str:
         paused = " paused" if self.is_paused else ""

@@ -23,6 +23,7 @@ class EngineStats:
     prefill_tokens: int  # uncached prompt tokens in prefill
     large_prefills: int  # prefills that count as contention
     waiting: int  # requests waiting for this engine (pinned or affine lanes)
+    is_resting: bool = False  # taking no long prefill for a while after some (admission.py)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

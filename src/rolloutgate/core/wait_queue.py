@@ -14,9 +14,12 @@ Removal from the middle (a client left, a queue timeout) is lazy: the entry stay
 when it surfaces. A lane whose live count drops to zero is dropped with its stale entries, and a lane whose heap
 holds more than twice its live count is rebuilt, so memory stays O(waiting requests).
 
+Each entry may carry a *weight* (the uncached prompt tokens it will cost the engine whose lane it waits in); the
+queue keeps each lane's total, so "how much prefill is waiting for this engine" is O(1) (placement reads it).
+
 Rules:
 1. Each request is in at most one lane; `push` of a request already waiting raises ValueError.
-2. The queue holds request ids and their keys only; limits (max_queue) are the gateway's decision.
+2. The queue holds request ids, their keys and weights only; limits (max_queue) are the gateway's decision.
 """
 
 from __future__ import annotations
@@ -37,27 +40,30 @@ _COMPACT_SLACK = 32
 class WaitQueue:
     """Lanes of waiting request ids, each a heap ordered by sort key."""
 
-    __slots__ = ("_count", "_heaps", "_next_entry", "_where")
+    __slots__ = ("_count", "_heaps", "_next_entry", "_weight", "_where")
 
     def __init__(self) -> None:
         self._heaps: dict[Lane, list[_Entry]] = {}
         self._count: dict[Lane, int] = {}
-        self._where: dict[str, tuple[Lane, int, SortKey]] = {}
+        self._weight: dict[Lane, int] = {}
+        self._where: dict[str, tuple[Lane, int, SortKey, int]] = {}
         self._next_entry = 0
 
-    def push(self, request_id: str, key: SortKey, lane: Lane = SHARED) -> None:
-        """Add a request to `lane`. Raises ValueError if it is already waiting."""
+    def push(self, request_id: str, key: SortKey, lane: Lane = SHARED, weight: int = 0) -> None:
+        """Add a request to `lane` with `weight`. Raises ValueError if it is already waiting."""
         if request_id in self._where:
             raise ValueError(f"request {request_id!r} is already waiting")
         self._next_entry += 1
         entry_no = self._next_entry
-        self._where[request_id] = (lane, entry_no, key)
+        self._where[request_id] = (lane, entry_no, key, weight)
         heap = self._heaps.get(lane)
         if heap is None:
             heap = self._heaps[lane] = []
             self._count[lane] = 0
+            self._weight[lane] = 0
         heapq.heappush(heap, (key, entry_no, request_id))
         self._count[lane] += 1
+        self._weight[lane] += weight
         if len(heap) > 2 * self._count[lane] + _COMPACT_SLACK:
             self._compact(lane)
 
@@ -82,16 +88,27 @@ class WaitQueue:
             return False
         lane = found[0]
         self._count[lane] -= 1
+        self._weight[lane] -= found[3]
         if self._count[lane] == 0:
             del self._count[lane]
             del self._heaps[lane]
+            del self._weight[lane]
         return True
 
-    def move(self, request_id: str, lane: Lane) -> None:
-        """Move a waiting request to another lane, keeping its sort key. Raises KeyError if not waiting."""
+    def move(self, request_id: str, lane: Lane, weight: int = 0) -> None:
+        """Move a waiting request to another lane with a new weight, keeping its sort key. Raises KeyError if
+        it is not waiting."""
         key = self._where[request_id][2]
         self.remove(request_id)
-        self.push(request_id, key, lane)
+        self.push(request_id, key, lane, weight)
+
+    def weight_of(self, request_id: str) -> int:
+        """The weight of a waiting request. Raises KeyError if it is not waiting."""
+        return self._where[request_id][3]
+
+    def lane_weight(self, lane: Lane) -> int:
+        """The total weight of the requests waiting in `lane` (0 for an empty lane)."""
+        return self._weight.get(lane, 0)
 
     def lane_of(self, request_id: str) -> Lane:
         """The lane a waiting request is in. Raises KeyError if it is not waiting."""
@@ -107,7 +124,7 @@ class WaitQueue:
 
     def ids_in_order(self) -> list[str]:
         """Every waiting request id, ordered by sort key. O(n log n): for rare mass verdicts only."""
-        return [rid for _, rid in sorted((key, rid) for rid, (_, _, key) in self._where.items())]
+        return [rid for _, rid in sorted((w[2], rid) for rid, w in self._where.items())]
 
     def __len__(self) -> int:
         return len(self._where)

@@ -28,6 +28,12 @@ import aiohttp
 import orjson
 
 from rolloutgate.engines.base import UpstreamError
+from rolloutgate.engines.upstream import (
+    UpstreamConnectError,
+    UpstreamDisconnected,
+    UpstreamPool,
+    UpstreamProtocolError,
+)
 
 __all__ = (
     "DONE",
@@ -44,10 +50,12 @@ __all__ = (
     "map_exceptions",
     "parse_prometheus",
     "positive_int",
+    "post_generation",
     "post_json",
     "raise_for_error_frame",
     "raise_for_status",
     "status_error",
+    "upstream_pool",
 )
 
 log = logging.getLogger(__name__)
@@ -193,8 +201,8 @@ async def _drain(resp: aiohttp.ClientResponse) -> None:
         async with asyncio.timeout(_DRAIN_AFTER_DONE_S):
             while await resp.content.readany():
                 pass
-    except (TimeoutError, aiohttp.ClientError, OSError):
-        resp.close()  # not reusable; aiohttp opens a fresh connection next time
+    except (TimeoutError, aiohttp.ClientError, OSError, UpstreamProtocolError):
+        resp.close()  # not reusable; a fresh connection is opened next time
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -291,10 +299,12 @@ def map_exceptions(what: str) -> Iterator[None]:
         yield
     except UpstreamError:
         raise
-    except aiohttp.ClientConnectorError as exc:
+    except (aiohttp.ClientConnectorError, UpstreamConnectError) as exc:
         raise UpstreamError(f"{what}: cannot connect: {exc}", retryable=True, unreachable=True) from exc
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, UpstreamDisconnected) as exc:
         raise UpstreamError(f"{what}: connection lost mid-response: {exc}", retryable=True) from exc
+    except UpstreamProtocolError as exc:
+        raise UpstreamError(f"{what}: {exc}", retryable=True) from exc
     except aiohttp.ClientResponseError as exc:
         raise UpstreamError(
             f"{what}: HTTP {exc.status}: {exc.message}",
@@ -307,6 +317,33 @@ def map_exceptions(what: str) -> Iterator[None]:
         raise UpstreamError(f"{what}: {type(exc).__name__}: {exc}", retryable=True) from exc
     except (orjson.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UpstreamError(f"{what}: unreadable answer: {exc}", retryable=True) from exc
+
+
+def post_generation(
+    session: aiohttp.ClientSession,
+    upstream: UpstreamPool | None,
+    url: str,
+    data: bytes,
+    *,
+    headers: Mapping[str, str],
+    timeouts: ControlTimeouts,
+) -> Any:
+    """The POST of a generation, as an async context manager yielding the response: through the engine's
+    lean keep-alive pool (engines/upstream.py) when the adapter has one for `url`, else through aiohttp.
+    Call inside `map_exceptions`. Both responses offer what `raise_for_status`, `iter_sse_data` and
+    `read()` use."""
+    merged = {**headers, **JSON_HEADERS}
+    if upstream is not None and url.startswith(upstream.base_url + "/"):
+        return upstream.post(url[len(upstream.base_url) :], data, merged, connect_timeout=timeouts.connect_s)
+    return session.post(url, data=data, headers=merged, timeout=timeouts.generation())
+
+
+def upstream_pool(url: str) -> UpstreamPool | None:
+    """A lean keep-alive pool for an adapter's generations, or None (aiohttp then) for a URL it cannot take."""
+    try:
+        return UpstreamPool(url)
+    except ValueError:
+        return None
 
 
 # ---------------------------------------------------------------------------------------------------------

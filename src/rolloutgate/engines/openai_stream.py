@@ -16,16 +16,17 @@ import orjson
 
 from rolloutgate.engines.base import AssemblyHint, UpstreamError, UpstreamEvent
 from rolloutgate.engines.http import (
-    JSON_HEADERS,
     ControlTimeouts,
     check_json_object,
     is_error_frame,
     iter_sse_data,
     map_exceptions,
+    post_generation,
     raise_for_error_frame,
     raise_for_status,
 )
 from rolloutgate.engines.progress import ChunkCounter, whole_body_tokens
+from rolloutgate.engines.upstream import UpstreamPool
 
 __all__ = (
     "client_wants_usage",
@@ -61,19 +62,18 @@ async def run_openai_call(
     timeouts: ControlTimeouts,
     hint: AssemblyHint,
     wants_usage: bool,
+    upstream: UpstreamPool | None = None,
 ) -> AsyncIterator[UpstreamEvent]:
     """POST `body` to `url` and yield its events (or one whole-body event if the engine did not stream).
 
     Raises UpstreamError for connection failures, non-2xx answers, error events, unreadable or truncated
     streams. Closing the iterator early closes the upstream connection (vLLM aborts the request on that).
+    `upstream`: the engine's lean keep-alive pool (engines/upstream.py); aiohttp's `session` without one.
     """
     what = f"POST {url}"
     with map_exceptions(what):
-        async with session.post(
-            url,
-            data=orjson.dumps(body),
-            headers={**headers, **JSON_HEADERS},
-            timeout=timeouts.generation(),
+        async with post_generation(
+            session, upstream, url, orjson.dumps(body), headers=headers, timeouts=timeouts
         ) as resp:
             await raise_for_status(resp, what=what)
             if resp.content_type != "text/event-stream":

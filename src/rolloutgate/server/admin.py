@@ -187,13 +187,21 @@ async def update_weights(request: web.Request) -> web.Response:
     check_admin(request, ctx.settings)
     body = await _body(request, ctx)
     path = body.get("path", "/update_weights_from_disk")
-    if path not in _UPDATE_PATHS:
+    if not isinstance(path, str) or path not in _UPDATE_PATHS:
         raise BadRequest(f"'path' must be one of {sorted(_UPDATE_PATHS)}", param="path", code="invalid_path")
     payload = body.get("body", {})
     if not isinstance(payload, dict):
         raise BadRequest("'body' must be an object", param="body", code="invalid_type")
     mode = _mode(body, default="in_place")
-    drain_timeout = float(body.get("drain_timeout", 600.0))
+    drain_timeout = body.get("drain_timeout", 600.0)
+    if (
+        isinstance(drain_timeout, bool)
+        or not isinstance(drain_timeout, int | float)
+        or not 0 <= drain_timeout < 1e9
+    ):
+        raise BadRequest(
+            "'drain_timeout' must be a number of seconds >= 0", param="drain_timeout", code="invalid_value"
+        )
     engines = list(ctx.pool.engines.values())
     started = time.perf_counter()
     gate = _gate_state(ctx)

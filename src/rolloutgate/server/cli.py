@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
 
 from rolloutgate.config import load_settings
 
@@ -44,7 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--tokenizer", help="local Hugging Face tokenizer folder for token-in-token-out sessions")
     add("--state-dir", help="folder for durable session records (SQLite); sessions survive a restart")
-    add("--shutdown-grace", type=float, help="seconds in-flight requests get to finish on SIGTERM (default 30)")
+    add(
+        "--shutdown-grace",
+        type=float,
+        help="seconds in-flight requests get to finish on SIGTERM (default 30)",
+    )
     add("--log-level", choices=["debug", "info", "warning", "error"])
 
 
@@ -54,8 +59,14 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    from rolloutgate.sessions.store import StateDirInUse
+
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        runner.run(_serve(settings))
+        try:
+            runner.run(_serve(settings))
+        except StateDirInUse as exc:  # a second gateway on one --state-dir: say so, no traceback
+            print(f"rolloutgate serve: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 

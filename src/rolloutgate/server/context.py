@@ -26,7 +26,7 @@ class GatewayContext:
     attachments: Attachments
     session: aiohttp.ClientSession = field(init=False)  # created when the app starts (needs a loop)
     extras: dict[str, Any] = field(default_factory=dict)  # parts mounted later (sessions, sim cluster)
-    draining: bool = False  # shutting down: new requests get 503, in-flight ones finish (app.GatewayServer.stop)
+    draining: bool = False  # shutting down: new requests get 503, in-flight ones finish (app.py)
     active_requests: int = 0  # handlers running now (counted by app.shutdown_middleware)
 
     @property

@@ -7,22 +7,29 @@ the core queues, admits and places it -> the driver runs it upstream -> `respond
 from __future__ import annotations
 
 import asyncio
-import uuid
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import aiohttp
 import orjson
 from aiohttp import web
 
 from rolloutgate.core.events import RequestArrived, RequestLimits
 from rolloutgate.engines.base import Route
-from rolloutgate.errors import Unavailable
+from rolloutgate.errors import Unavailable, UpstreamFailure
 from rolloutgate.server.attach import CachedOutcome, key_for
-from rolloutgate.server.auth import check_api_key
+from rolloutgate.server.auth import check_admin, check_api_key
 from rolloutgate.server.context import CONTEXT, GatewayContext
 from rolloutgate.server.exchange import Exchange, OutboxItem
 from rolloutgate.server.respond import KeepAlive, keepalive_for, write_outcome
-from rolloutgate.server.validate import estimate_prompt_tokens, parse_body, parse_overrides, validate_body
+from rolloutgate.server.validate import (
+    NO_OVERRIDES,
+    estimate_prompt_tokens,
+    parse_body,
+    parse_overrides,
+    validate_body,
+)
 
 __all__ = (
     "ROUTES",
@@ -36,6 +43,8 @@ __all__ = (
 )
 
 ROUTING_KEY_HEADERS = ("X-SMG-Routing-Key", "X-Session-Id")
+_ROUTE_COUNTERS = "front.route_counters"  # ctx.extras key: the request counter's child per route
+_DEFAULT_LIMITS = "front.default_limits"  # ctx.extras key: (settings' budgets, their RequestLimits)
 ROUTES = {route.value: route for route in Route}
 _HOP_BY_HOP = frozenset(
     h.lower()
@@ -55,6 +64,31 @@ _HOP_BY_HOP = frozenset(
 )
 
 
+# Engine paths the catch-all proxy forwards with an API key alone: reads and inference helpers. Anything else
+# (weight updates, pause/continue, abort, flush, profiling, memory release, the simulator's /sim/faults) is
+# engine control and needs the admin credentials, like the gateway's own admin API.
+OPEN_ENGINE_PATHS = frozenset(
+    {
+        "/v1/models",
+        "/get_model_info",
+        "/model_info",
+        "/get_server_info",
+        "/server_info",
+        "/health_generate",
+        "/get_load",
+        "/v1/loads",
+        "/version",
+        "/tokenize",
+        "/detokenize",
+        "/v1/embeddings",
+        "/v1/rerank",
+        "/v1/score",
+        "/classify",
+        "/v1/responses",
+    }
+)
+
+
 def routing_key_of(request: web.Request) -> str | None:
     for name in ROUTING_KEY_HEADERS:
         value = request.headers.get(name)
@@ -66,6 +100,15 @@ def routing_key_of(request: web.Request) -> str | None:
 def limits_for(ctx: GatewayContext, headers: Mapping[str, str]) -> tuple[RequestLimits, int]:
     settings = ctx.settings
     overrides = parse_overrides(headers, settings)
+    if overrides is NO_OVERRIDES:  # the common case: the server's budgets, one value while they stay the same
+        key = (settings.timeout, settings.stall_timeout, settings.queue_timeout_s, settings.max_wall_s)
+        cached: tuple[tuple[float, ...], RequestLimits] | None = ctx.extras.get(_DEFAULT_LIMITS)
+        if cached is None or cached[0] != key:
+            limits = RequestLimits(
+                timeout_s=key[0], stall_timeout_s=key[1], queue_timeout_s=key[2], max_wall_s=key[3]
+            )
+            cached = ctx.extras[_DEFAULT_LIMITS] = (key, limits)
+        return cached[1], 0
     limits = RequestLimits(
         timeout_s=overrides.timeout_s or settings.timeout,
         stall_timeout_s=overrides.stall_timeout_s or settings.stall_timeout,
@@ -126,8 +169,6 @@ async def run_exchange(
         raise
     finally:
         exchange.unsubscribe(outbox)
-    if not exchange.ended and not exchange.subscribers and ctx.engine_clock:
-        driver.client_disconnected(exchange)  # its last reader was cut off (too slow): nobody reads it now
     return response
 
 
@@ -143,7 +184,7 @@ def _submit(
     limits, priority = limits_for(ctx, request.headers)
     stream_options = body.get("stream_options")
     exchange = Exchange(
-        request_id=uuid.uuid4().hex,
+        request_id=os.urandom(16).hex(),  # 32 hex digits like uuid4().hex, a quarter of the cost
         route=route,
         body=body,
         client_streams=streams,
@@ -180,11 +221,22 @@ async def serve_inference(
     ctx: GatewayContext, request: web.Request, route: Route, routing_key: str | None
 ) -> web.StreamResponse:
     """Parse, validate and run one inference request (the front's routes and the session proxy)."""
-    ctx.metrics.requests.labels(route=route.value).inc()
+    _route_counter(ctx, route).inc()
     raw = await request.read()
     body = parse_body(raw, ctx.settings)
     validate_body(route, body, ctx.settings)
     return await run_exchange(ctx, request, route, body, routing_key=routing_key, raw_body=raw)
+
+
+def _route_counter(ctx: GatewayContext, route: Route) -> Any:
+    """`ctx.metrics.requests` for `route`, resolved once: `labels()` costs a lock and a dict build per call."""
+    counters: dict[Route, Any] | None = ctx.extras.get(_ROUTE_COUNTERS)
+    if counters is None:
+        counters = ctx.extras[_ROUTE_COUNTERS] = {}
+    counter = counters.get(route)
+    if counter is None:
+        counter = counters[route] = ctx.metrics.requests.labels(route=route.value)
+    return counter
 
 
 def _inference(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -237,14 +289,27 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def proxy(request: web.Request) -> web.StreamResponse:
-    """Any other path goes to one healthy engine, unchanged (no queueing or timing)."""
+    """Any other path goes to one healthy engine, unchanged (no queueing or timing). Open engine paths need
+    an API key (when keys are set); engine control needs the admin credentials instead (proxy_path)."""
     ctx = request.app[CONTEXT]
-    check_api_key(request, ctx.settings)
+    if is_open_engine_path(request.path):
+        check_api_key(request, ctx.settings)
     return await proxy_path(ctx, request, request.rel_url.path_qs)
 
 
+def is_open_engine_path(path: str) -> bool:
+    """Engine paths an inference client may reach through the proxy; every other one is engine control."""
+    return path in OPEN_ENGINE_PATHS or path.startswith("/v1/models/")
+
+
 async def proxy_path(ctx: GatewayContext, request: web.Request, path_qs: str) -> web.StreamResponse:
-    """Forward `request` to the least busy healthy engine at `path_qs` and stream its answer back."""
+    """Forward `request` to the least busy healthy engine at `path_qs` and stream its answer back.
+
+    Engine control (anything outside OPEN_ENGINE_PATHS) needs the admin credentials. Raises Unavailable
+    (no healthy engine) or UpstreamFailure (the engine could not be reached or failed before answering).
+    """
+    if not is_open_engine_path(path_qs.partition("?")[0]):
+        check_admin(request, ctx.settings)
     candidates = [e for e in ctx.pool.engines.values() if e.healthy and e.state == "healthy"]
     if not candidates:
         raise Unavailable("no healthy engine to proxy to", retry_after_s=5)
@@ -252,18 +317,37 @@ async def proxy_path(ctx: GatewayContext, request: web.Request, path_qs: str) ->
     engine = min(candidates, key=lambda e: in_flight.get(e.engine_id, 0))
     headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
     body = await request.read()
-    async with ctx.session.request(
-        request.method, engine.url + path_qs, headers=headers, data=body or None
-    ) as upstream:
-        response = web.StreamResponse(
-            status=upstream.status,
-            headers={k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP},
-        )
-        await response.prepare(request)
-        async for chunk in upstream.content.iter_any():
-            await response.write(chunk)
-        await response.write_eof()
-        return response
+    try:
+        async with ctx.session.request(
+            request.method, engine.url + path_qs, headers=headers, data=body or None
+        ) as upstream:
+            response = web.StreamResponse(
+                status=upstream.status,
+                headers={k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP},
+            )
+            await response.prepare(request)
+            chunks = upstream.content.iter_any().__aiter__()
+            while True:
+                try:
+                    chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                except (aiohttp.ClientError, OSError):
+                    # The status is sent: cut the client's connection so it sees a failure, not a short body.
+                    if request.transport is not None:
+                        request.transport.abort()
+                    return response
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+    except (aiohttp.ClientError, OSError) as exc:
+        if isinstance(exc, ConnectionResetError) and (
+            request.transport is None or request.transport.is_closing()
+        ):
+            raise  # our client went away
+        raise UpstreamFailure(
+            f"the engine failed to answer {request.method} {path_qs}: {type(exc).__name__}"
+        ) from None
 
 
 def _dumps(value: Any) -> str:

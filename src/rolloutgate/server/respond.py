@@ -22,7 +22,6 @@ request with `X-Rolloutgate-Keepalive: off|on`.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,7 +29,7 @@ import orjson
 from aiohttp import web
 
 from rolloutgate.errors import GatewayError
-from rolloutgate.server.exchange import Exchange, Finished, OutboxItem
+from rolloutgate.server.exchange import Exchange, Finished, Outbox, OutboxItem
 from rolloutgate.server.metrics import Metrics
 
 __all__ = ("KeepAlive", "keepalive_for", "write_outcome")
@@ -40,6 +39,7 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 SSE_KEEPALIVE = b": keep-alive\n\n"
 JSON_KEEPALIVE = b" "
 SSE_DONE = b"data: [DONE]\n\n"
+_MAX_EVENTS_PER_WRITE = 64  # stream events joined into one write when they are already queued
 ERROR_TRAILER = b'\n{"rolloutgate": "error after keep-alive: the error object above is the answer"}\n'
 
 
@@ -75,7 +75,7 @@ def keepalive_for(
 async def write_outcome(
     request: web.Request,
     exchange: Exchange,
-    outbox: asyncio.Queue[OutboxItem],
+    outbox: Outbox,
     keepalive: KeepAlive,
     metrics: Metrics,
     timing_now: Callable[[], str],
@@ -84,25 +84,33 @@ async def write_outcome(
     streams = exchange.client_streams
     response: web.StreamResponse | None = None
     wait = keepalive.interval_s
+    pending: OutboxItem | None = None  # taken from the outbox while batching, not written yet
     while True:
-        try:
-            if wait is None or not outbox.empty():
-                item = await outbox.get()
-            else:
-                async with asyncio.timeout(wait):
-                    item = await outbox.get()
-        except TimeoutError:
-            if response is None:
-                response = await _start(request, streams, timing_now(), exchange)
-            keep = SSE_KEEPALIVE if streams else JSON_KEEPALIVE
-            await response.write(keep)
-            metrics.keepalive_bytes.labels(kind="sse" if streams else "json").inc(len(keep))
-            continue
+        if pending is not None:
+            item, pending = pending, None
+        else:
+            try:
+                item = await outbox.get(wait)
+            except TimeoutError:
+                if response is None:
+                    response = await _start(request, streams, timing_now(), exchange)
+                keep = SSE_KEEPALIVE if streams else JSON_KEEPALIVE
+                await response.write(keep)
+                metrics.keepalive_bytes.labels(kind="sse" if streams else "json").inc(len(keep))
+                continue
 
         if isinstance(item, bytes):
             if response is None:
                 response = await _start(request, streams, timing_now(), exchange)
-            await response.write(b"data: " + item + b"\n\n")
+            # Events already waiting go out in the same write: one chunk and one send instead of one each.
+            frames = [b"data: ", item, b"\n\n"]
+            while len(frames) < 3 * _MAX_EVENTS_PER_WRITE and not outbox.empty():
+                following = outbox.get_nowait()
+                if not isinstance(following, bytes):
+                    pending = following
+                    break
+                frames += (b"data: ", following, b"\n\n")
+            await response.write(b"".join(frames))
         elif isinstance(item, Finished):
             return await _write_finished(request, exchange, response, item)
         else:

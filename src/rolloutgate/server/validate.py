@@ -16,7 +16,14 @@ from rolloutgate.config import GatewaySettings
 from rolloutgate.engines.base import Route
 from rolloutgate.errors import BadRequest, PayloadTooLarge
 
-__all__ = ("Overrides", "estimate_prompt_tokens", "parse_body", "parse_overrides", "validate_body")
+__all__ = (
+    "NO_OVERRIDES",
+    "Overrides",
+    "estimate_prompt_tokens",
+    "parse_body",
+    "parse_overrides",
+    "validate_body",
+)
 
 # Per-request overrides of the server's budgets, by header (seconds).
 OVERRIDE_HEADERS = {
@@ -34,6 +41,9 @@ class Overrides:
     queue_timeout_s: float | None = None
     max_wall_s: float | None = None
     priority: int = 0
+
+
+NO_OVERRIDES = Overrides()  # what a request without override headers gets (shared: front.py caches by it)
 
 
 def parse_body(raw: bytes, settings: GatewaySettings) -> dict[str, Any]:
@@ -149,7 +159,7 @@ def parse_overrides(headers: Any, settings: GatewaySettings) -> Overrides:
             raise BadRequest(
                 "header X-Rolloutgate-Priority must be an integer", code="invalid_override"
             ) from None
-    return Overrides(**values)
+    return Overrides(**values) if values else NO_OVERRIDES
 
 
 def estimate_prompt_tokens(route: Route, body: dict[str, Any]) -> int:

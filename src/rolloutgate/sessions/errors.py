@@ -13,8 +13,9 @@
     │   └── SessionEvicted           410 session_gone             (evicted: idle TTL, capacity or memory bound)
     ├── QueueFull (429)
     │   └── SessionsFull             429 session_limit            (max sessions or memory, none evictable)
-    └── UpstreamFailure (502)
-        └── EngineAnswerInvalid      502 engine_answer_invalid    (the engine's answer lacks ids or logprobs)
+    ├── UpstreamFailure (502)
+    │   └── EngineAnswerInvalid      502 engine_answer_invalid    (the engine's answer lacks ids or logprobs)
+    └── SessionStoreUnavailable      503 session_store_unavailable (--state-dir could not write; + Retry-After)
 
 400s are not retried by the OpenAI SDK or LiteLLM (a diverged history will not heal by retrying); 409 and
 429 are (a busy session frees up when its turn ends).
@@ -32,6 +33,7 @@ __all__ = (
     "SessionEvicted",
     "SessionNotFound",
     "SessionRecordLimit",
+    "SessionStoreUnavailable",
     "SessionsFull",
     "UnsupportedInSession",
 )
@@ -73,3 +75,14 @@ class SessionsFull(QueueFull):
 
 class EngineAnswerInvalid(UpstreamFailure):
     default_code = "engine_answer_invalid"
+
+
+class SessionStoreUnavailable(GatewayError):
+    """The durable store (`--state-dir`) could not write: the turn is not recorded, so the agent must retry."""
+
+    default_status = 503
+    openai_type = "service_unavailable"
+    default_code = "session_store_unavailable"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retry_after_s=1)

@@ -30,6 +30,10 @@ Limits (`SessionLimits`), all enforced here:
 Concurrency inside one session: a second request while a turn is in flight fails with `SessionConflict`
 (409, retryable) unless it is the same request (a client retry), which may run and whose commit is then a
 duplicate that changes nothing.
+
+Durability: an optional `SessionJournal` (sessions/store.py, with `--state-dir`) hears of every created
+session and committed turn BEFORE the change is applied in memory (if it raises, nothing changed), and of
+every removed session after. `restore(...)` rebuilds a session from its journaled records at start-up.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from rolloutgate.sessions.errors import (
     SessionConflict,
@@ -55,7 +59,23 @@ from rolloutgate.sessions.record import TurnRecord
 from rolloutgate.sessions.session import SESSION_OVERHEAD_BYTES, Session, TurnBase, TurnKind, TurnTicket
 from rolloutgate.sessions.stats import RegistryStats
 
-__all__ = ("SessionLimits", "SessionRegistry")
+__all__ = ("SessionJournal", "SessionLimits", "SessionRegistry")
+
+
+class SessionJournal(Protocol):
+    """Where a registry makes its changes durable; each call is one atomic write (sessions/store.py)."""
+
+    def session_created(self, session_id: str) -> None:
+        """Raise (e.g. SessionStoreUnavailable) to refuse the session."""
+        ...
+
+    def turn_committed(self, session_id: str, record: TurnRecord) -> None:
+        """The record replaces the session's turns from `record.index` on. Raise to refuse the commit."""
+        ...
+
+    def session_removed(self, session_id: str) -> None:
+        """Deleted or evicted. Best effort: must not raise."""
+        ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,9 +99,14 @@ class SessionLimits:
 
 class SessionRegistry:
     def __init__(
-        self, limits: SessionLimits | None = None, *, id_factory: Callable[[], str] | None = None
+        self,
+        limits: SessionLimits | None = None,
+        *,
+        id_factory: Callable[[], str] | None = None,
+        journal: SessionJournal | None = None,
     ) -> None:
         self.limits = limits or SessionLimits()
+        self.journal = journal
         self._new_id = id_factory or (lambda: uuid.uuid4().hex)
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently active first
         self._tombstones: OrderedDict[str, str] = OrderedDict()  # evicted id -> reason
@@ -108,9 +133,28 @@ class SessionRegistry:
                     retry_after_s=5,
                 )
         session = Session(self._new_id(), now)
+        if self.journal is not None:
+            self.journal.session_created(session.session_id)
         self._sessions[session.session_id] = session
         self._bytes += session.approx_bytes
         self._count("created")
+        return session
+
+    def restore(self, session_id: str, records: Sequence[TurnRecord], now: float) -> Session:
+        """Rebuild a journaled session (start-up): its records in order, idle since `now`. Not journaled.
+
+        Raises ValueError if the records are not the turns 0..n-1 or the id is already live.
+        """
+        if session_id in self._sessions:
+            raise ValueError(f"session {session_id} is already live")
+        session = Session(session_id, now)
+        for turn, record in enumerate(records):
+            if record.index != turn:
+                raise ValueError(f"session {session_id}: record {record.index} where turn {turn} belongs")
+            session._apply(record, turn)
+            session.approx_bytes += _record_cost(record)
+        self._sessions[session_id] = session
+        self._bytes += session.approx_bytes
         return session
 
     def get(self, session_id: str, now: float) -> Session:
@@ -130,6 +174,8 @@ class SessionRegistry:
         del self._sessions[session_id]
         self._bytes -= session.approx_bytes
         self._count("deleted")
+        if self.journal is not None:
+            self.journal.session_removed(session_id)
         return session
 
     def expire(self, now: float) -> list[str]:
@@ -247,9 +293,10 @@ class SessionRegistry:
             )
         if record.index != ticket.base.keep_turns:
             raise ValueError(f"record index {record.index} != the ticket's turn {ticket.base.keep_turns}")
+        if self.journal is not None:
+            self.journal.turn_committed(session.session_id, record)  # durable first: it may refuse
         dropped = session._apply(record, ticket.base.keep_turns)
-        delta = record.approx_bytes + 4 * (len(record.prompt_new_ids) + len(record.output_ids))
-        delta -= sum(r.approx_bytes + 4 * (len(r.prompt_new_ids) + len(r.output_ids)) for r in dropped)
+        delta = _record_cost(record) - sum(_record_cost(r) for r in dropped)
         session.approx_bytes += delta
         self._bytes += delta
         self._count("committed")
@@ -321,6 +368,8 @@ class SessionRegistry:
         del self._sessions[session.session_id]
         self._bytes -= session.approx_bytes
         self._count(f"evicted_{reason}")
+        if self.journal is not None:
+            self.journal.session_removed(session.session_id)
         if self.limits.max_tombstones:
             self._tombstones[session.session_id] = reason
             while len(self._tombstones) > self.limits.max_tombstones:
@@ -332,6 +381,11 @@ class SessionRegistry:
             return False
         self._evict(victim, reason)
         return True
+
+
+def _record_cost(record: TurnRecord) -> int:
+    """What a record counts against `max_bytes` (its own estimate + the accumulated ids it adds)."""
+    return record.approx_bytes + 4 * (len(record.prompt_new_ids) + len(record.output_ids))
 
 
 def _common_prefix(a: Sequence[bytes], b: Sequence[bytes]) -> int:

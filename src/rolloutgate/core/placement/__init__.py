@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rolloutgate.core.placement.base import EngineView, PlacementPolicy, PlacementRequest
 from rolloutgate.core.placement.least_outstanding import LeastOutstanding
+from rolloutgate.core.placement.prefill_aware import PrefillAware
 from rolloutgate.core.placement.session_affinity import SessionAffinity, is_within_bound
 
 __all__ = (
@@ -15,6 +16,7 @@ __all__ = (
     "LeastOutstanding",
     "PlacementPolicy",
     "PlacementRequest",
+    "PrefillAware",
     "SessionAffinity",
     "is_within_bound",
     "make_policy",
@@ -27,4 +29,6 @@ def make_policy(name: str, *, max_excess: int = 8) -> PlacementPolicy:
         return SessionAffinity(max_excess)
     if name == LeastOutstanding.name:
         return LeastOutstanding()
+    if name == PrefillAware.name:
+        return PrefillAware(max_excess)
     raise ValueError(f"unknown placement policy {name!r}")

@@ -1,10 +1,13 @@
 """The placement interface: which engine a request should run on, now.
 
 Theory of operation: a policy is a pure function of the request and a read-only view of the schedulable engines
-(healthy and not paused; the gateway filters). `choose` returns an engine that can admit the request now (a free
-slot and room in its prefill budget, `EngineView.can_admit`), or None: nothing suitable can take it now. The
-gateway then parks the request: on its pinned engine, on its affine engine when the policy is affinity-aware and
-that engine is schedulable, or else it stays at the head of the shared lane (see dispatcher.py).
+(healthy and not paused; the gateway filters). `choose` returns the engine the request should run on, or None:
+nothing suitable can take it now. An engine that can admit the request now (a free slot and room in its
+prefill budget, `EngineView.can_admit`) gets it at once; an engine with a free slot whose prefill budget must
+drain first (only prefill_aware returns one) gets it as soon as the budget allows: the gateway parks it in that
+engine's lane. On None the gateway parks the request on its pinned engine, on its affine engine when the policy
+is affinity-aware and that engine is schedulable, or else it stays at the head of the shared lane (see
+dispatcher.py).
 
 Rules:
 1. Policies never mutate anything and never use randomness unless injected (`random.Random`).
@@ -54,9 +57,28 @@ class EngineView(Protocol):
     def in_flight(self) -> int: ...
 
     @property
-    def outstanding_tokens(self) -> int: ...
+    def outstanding_tokens(self) -> int:
+        """Uncached prompt tokens dispatched there and still in prefill."""
+        ...
 
-    def can_admit(self, request: PlacementRequest) -> bool: ...
+    @property
+    def decoding(self) -> int:
+        """Requests past their prefill there (the decodes a new prefill would slow)."""
+        ...
+
+    @property
+    def backlog_tokens(self) -> int:
+        """Prefill a request sent there now would wait behind, in uncached prompt tokens: those in prefill,
+        those of requests waiting in the gateway for this engine, and the engine's rest (admission.py)."""
+        ...
+
+    def has_room(self) -> bool:
+        """A free request slot (the prefill budget aside)."""
+        ...
+
+    def can_admit(self, request: PlacementRequest) -> bool:
+        """A free slot, and room for the request's uncached prompt in the prefill budget."""
+        ...
 
 
 class PlacementPolicy(Protocol):

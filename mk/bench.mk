@@ -1,0 +1,19 @@
+# Gateway performance benchmark (docs/benchmarks.md); not part of `make test`.
+#   make bench                        the engine alone, rolloutgate and the SGLang Model Gateway side by side,
+#                                     streams in flight, dispatch cost, RL progress watching; writes
+#                                     out/bench/perf-*.json and the generated block of docs/benchmarks.md
+#   make bench BENCH_ARGS='--only profile'      py-spy summaries of the gateway under load
+#   make bench BENCH_ARGS='--only throughput --rounds 1'
+# The SGLang Model Gateway is installed by the bench into its own venv (.venv-bench-router, once); wrk with
+# apt-get when missing (a Python load generator otherwise); py-spy comes with the `bench` extra.
+BENCH_STAMP := $(VENV)/.installed-bench
+BENCH_ARGS  ?=
+
+.PHONY: bench
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	touch $@
+
+bench: $(STAMP) $(BENCH_STAMP)
+	$(BIN)/python -m rolloutgate bench $(BENCH_ARGS)
