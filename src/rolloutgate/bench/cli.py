@@ -84,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="progress intervals for the RL load (default 64,128: ~0.9 and ~1.8 s apart at 70 tok/s)",
     )
     add("--rl-warmup", type=float, default=20.0)
-    add("--rl-window", type=float, default=20.0)
+    add("--rl-window", type=float, default=30.0)
     add("--profile-duration", type=float, default=10.0)
     add("--out-dir", default="out/bench", help="JSON results and profiles (default out/bench)")
     add("--docs", default="docs/benchmarks.md", help="page whose generated block is replaced ('' = none)")
@@ -109,8 +109,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     results: dict[str, Any] = {
         "meta": {
-            "command": "rolloutgate bench "
-            + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:]),
+            "command": _command_line(),
             "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started)),
             "machine": machine_description(),
             "generator": "wrk (1 thread)" if use_wrk else "python-aiohttp (perf_loadgen)",
@@ -162,6 +161,14 @@ def run(args: argparse.Namespace) -> int:
         perf_report.update_doc(Path(args.docs), report)
         _log(f"updated the generated block of {args.docs}")
     return 0
+
+
+def _command_line() -> str:
+    """How this run was started: `make bench` runs `python -m rolloutgate bench` plus BENCH_ARGS."""
+    argv = sys.argv[1:]
+    if argv[:1] == ["bench"]:
+        argv = argv[1:]
+    return " ".join(["rolloutgate bench", *([shlex.join(argv)] if argv else [])])
 
 
 def _log(message: str) -> None:

@@ -103,7 +103,8 @@ def render(results: dict[str, Any]) -> str:
     meta = results["meta"]
     machine = meta["machine"]
     parts.append(
-        f"Run {meta['started']} ({meta['elapsed_s']:.0f} s): `{meta['command']}`\n\n"
+        f"Run {meta['started']} ({meta['elapsed_s']:.0f} s): `{meta['command']}` (`make bench` runs "
+        "`rolloutgate bench` with `BENCH_ARGS`)\n\n"
         f"Machine: {machine['nproc']} CPUs ({machine['cpu_model']}), {machine['memory_gib']} GiB, "
         f"Linux {machine['kernel']}, Python {machine['python']}; load average at start "
         f"{', '.join(str(x) for x in machine['load_average_at_start'])}. Load generator: {meta['generator']}. "

@@ -1,6 +1,6 @@
 """Prefill storms, side by side: the gateway without prefill-aware admission ("off") and with it ("on").
 
-    python -m rolloutgate.bench.prefill_storm [--agents 16] [--storm-sessions 16] [--duration 1800] [--out DIR]
+    python -m rolloutgate.bench.prefill_storm [--seeds 0,1,2,3] [--agents 16] [--storm-sessions 16] [--out DIR]
 
 Theory of operation
 -------------------
@@ -322,7 +322,7 @@ def pool(runs: list[dict[str, Any]]) -> dict[str, Any]:
     rates = [r for f in runs for r in f["raw"]["rates"]]
     latencies = sorted(x for f in runs for x in f["raw"]["latencies"])
     time_in = sum(f["raw"]["time_in"] for f in runs)
-    out = {key: _mean([f[key] for f in runs]) for key in runs[0] if isinstance(runs[0][key], float)}
+    out: dict[str, Any] = {k: _mean([f[k] for f in runs]) for k in runs[0] if isinstance(runs[0][k], float)}
     out.update(
         mode=runs[0]["mode"],
         storm_span_s=[

@@ -188,7 +188,8 @@ class EngineModel:
 
     def pause(self, mode: str, now: float) -> None:
         """Close the engine: abort (everything), retract (back to the queue, KV freed), in_place/keep
-        (stop where it is), drain/wait (run in-flight work to the end; the HTTP layer refuses new work)."""
+        (stop where it is), drain/wait (run in-flight work to the end; new work waits for resume, or the HTTP layer
+        refuses it where configured)."""
         if mode not in PAUSE_MODES:
             raise ValueError(f"unknown pause mode {mode!r}; choose from {', '.join(PAUSE_MODES)}")
         self._run_until(now)
@@ -332,6 +333,8 @@ class EngineModel:
         return bool(self._waiting) and self._can_admit(self._waiting[0])
 
     def _can_admit(self, req: SimRequest) -> bool:
+        if self.pause_mode in ("drain", "wait") and not req.internal:
+            return False  # draining: in-flight work runs to its end, new work waits for resume (vLLM 0.32)
         admitted = len(self._running) + len(self._prefilling)
         if admitted == 0:
             return True
