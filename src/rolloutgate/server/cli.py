@@ -43,6 +43,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--progress-every-tokens", type=int, help="stream interval asked of engines for non-streaming clients"
     )
+    add(
+        "--placement",
+        choices=["prefill_aware", "session_affinity", "least_outstanding"],
+        help="placement policy (default prefill_aware; docs/prefill.md)",
+    )
+    add(
+        "--prefill-budget-tokens",
+        help="uncached prompt tokens in prefill per engine; 'off' disables (default derived)",
+    )
+    add(
+        "--prefill-rest-ratio",
+        type=float,
+        help="rest after long prefills, as a share of their time (default 0.5)",
+    )
     add("--tokenizer", help="local Hugging Face tokenizer folder for token-in-token-out sessions")
     add("--state-dir", help="folder for durable session records (SQLite); sessions survive a restart")
     add(
