@@ -162,6 +162,7 @@ async def test_a_client_that_reads_slowly_but_keeps_up_gets_its_whole_stream(
     assert events >= 300
 
 
+@pytest.mark.timeout(360)  # three waves, each waiting for the watchdog: slow on a busy 2-core machine
 async def test_waves_of_slow_readers_do_not_grow_memory(
     procs: list[Proc], tmp_path: Path, http: httpx.AsyncClient
 ) -> None:
