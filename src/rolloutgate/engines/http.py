@@ -16,6 +16,8 @@ Theory of operation:
 
 from __future__ import annotations
 
+import os
+
 import asyncio
 import contextlib
 import logging
@@ -339,7 +341,11 @@ def post_generation(
 
 
 def upstream_pool(url: str) -> UpstreamPool | None:
-    """A lean keep-alive pool for an adapter's generations, or None (aiohttp then) for a URL it cannot take."""
+    """A lean keep-alive pool for an adapter's generations, or None (aiohttp then) for a URL it cannot take,
+    unless `ROLLOUTGATE_LEAN_UPSTREAM=1`: against real vLLM the lean pool broke the e2e capacity and
+    disconnect tests (docs/benchmarks.md numbers were measured with it on), so aiohttp is the default."""
+    if os.environ.get("ROLLOUTGATE_LEAN_UPSTREAM", "0") != "1":
+        return None
     try:
         return UpstreamPool(url)
     except ValueError:
