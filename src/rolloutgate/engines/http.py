@@ -16,11 +16,10 @@ Theory of operation:
 
 from __future__ import annotations
 
-import os
-
 import asyncio
 import contextlib
 import logging
+import os
 import re
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
