@@ -19,6 +19,13 @@ MAX_NUM_SEQS=${E2E_MAX_NUM_SEQS:-4}
 MAX_MODEL_LEN=${E2E_MAX_MODEL_LEN:-8192}
 START_TIMEOUT=${E2E_START_TIMEOUT:-240}
 ENGINES=2
+# The engines share this machine's cores with the gateway and the test clients under test: at full decode their
+# busy CPU workers starved the gateway for seconds at a time (measured: /health took 10 s while 8 streams ran),
+# so a client's 2 s read timeout fired for lack of CPU, not for lack of keep-alive. Niced engines leave the
+# gateway the CPU it needs, as a GPU engine on another machine would. Each engine runs in its own session
+# (setsid), so where the kernel groups sessions for scheduling (sched_autogroup) a plain nice value counts only
+# inside the engine's group: the group itself is niced through /proc/PID/autogroup.
+ENGINE_NICE=${E2E_ENGINE_NICE:-10}
 
 log() { printf '[e2e %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
@@ -79,11 +86,11 @@ start_engine() {  # index port cpu
     env HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
         VLLM_SERVER_DEV_MODE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND="$cpu" \
         TMPDIR="$dir/tmp" VLLM_RPC_BASE_PATH="$dir/tmp" VLLM_CACHE_ROOT="$dir/cache" \
-        setsid "$E2E_VENV/bin/python" -m vllm.entrypoints.openai.api_server \
+        setsid nice -n "$ENGINE_NICE" "$E2E_VENV/bin/python" -m vllm.entrypoints.openai.api_server \
         --model "$MODEL" --host 127.0.0.1 --port "$port" --served-model-name tiny --dtype float32 \
-        --max-model-len "$MAX_MODEL_LEN" --enforce-eager --enable-request-id-headers --max-num-seqs "$MAX_NUM_SEQS" \
+        --max-model-len "$MAX_MODEL_LEN" --enforce-eager --enable-request-id-headers --max-num-seqs "$MAX_NUM_SEQS" ${E2E_ENGINE_ARGS:-} \
         </dev/null >"$WORK/engine-$i.log" 2>&1 &
-    echo $! >"$WORK/run/engine-$i.pid"  # setsid execs in place: this is the server, leader of its group
+    echo $! >"$WORK/run/engine-$i.pid"  # setsid and nice exec in place: this is the server, leader of its group
     log "engine $i: pid $!, http://127.0.0.1:$port, cpu $cpu, log $WORK/engine-$i.log"
 }
 
@@ -110,6 +117,15 @@ for i in $(seq 0 $((ENGINES - 1))); do
     done
 done
 log "both engines healthy after $((SECONDS - started)) s"
+
+# Nice each engine's scheduling group once the engine surely leads its own session (right after the fork,
+# /proc/PID/autogroup may still be this script's group, that of the gateway and the tests).
+for i in $(seq 0 $((ENGINES - 1))); do
+    pid=$(cat "$WORK/run/engine-$i.pid")
+    if [ -w "/proc/$pid/autogroup" ] && [ "$(ps -o sid= -p "$pid" | tr -d ' ')" = "$pid" ]; then
+        echo "$ENGINE_NICE" >"/proc/$pid/autogroup" 2>/dev/null || log "engine $i: could not nice its autogroup"
+    fi
+done
 
 set +e
 E2E_BACKEND=vllm \

@@ -47,7 +47,11 @@ class Answer:
         return {k: float(v) for k, v in (item.split("=", 1) for item in raw.split(";") if "=" in item)}
 
 
-def openai_client(gateway: Gateway, timeout: float = 120.0) -> openai.AsyncOpenAI:
+def openai_client(gateway: Gateway, read_timeout: float = 120.0) -> openai.AsyncOpenAI:
+    """An SDK client whose read timeout is `read_timeout` (what keep-alive answers). Connecting gets at least
+    30 s: on this 2-core machine, with the engines decoding, the test process's own connect (name lookup in a
+    worker thread, then the handshake) once took over 2 s, and that is no part of what the gateway controls."""
+    timeout = openai.Timeout(read_timeout, connect=max(read_timeout, 30.0))
     # No retries: a retry would hide the very error a test looks for, and start a second generation.
     return openai.AsyncOpenAI(base_url=gateway.v1, api_key="unused", max_retries=0, timeout=timeout)
 
@@ -188,19 +192,23 @@ async def hold_stream(
         "ignore_eos": True,
         "stream": True,
     }
-    done = False
+    tail = b""  # the last bytes seen, to find an event split across reads
     async with (
         httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as client,
         client.stream("POST", base_url + "/v1/chat/completions", json=payload) as response,
     ):
         response.raise_for_status()
-        async for line in response.aiter_lines():
-            if line.startswith('data: {"error"'):
-                raise AssertionError(f"error event in a held stream: {line}")
-            if line.startswith("data: {"):
+        async for chunk in response.aiter_raw():
+            seen = tail + chunk
+            if b'data: {"error"' in seen:
+                raise AssertionError(f"error event in a held stream: {seen[-500:]!r}")
+            if b"data: {" in seen:
                 generating.set()
-            done = done or line == "data: [DONE]"
-    if not done:
+            tail = seen[-64:]
+            # Reads of a socket that always has data never suspend: without this the held streams would
+            # keep the test's event loop to themselves (measured: 20 s without a timer firing).
+            await asyncio.sleep(0)
+    if b"data: [DONE]" not in tail:
         raise AssertionError("a held stream ended without [DONE]")
 
 

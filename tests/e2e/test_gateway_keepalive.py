@@ -28,7 +28,7 @@ async def test_keepalive_holds_a_short_timeout_client_through_a_long_queue(
     slots = len(engines.urls) * engines.max_num_seqs
     blockers = await started_streams(gateway.url, engines, slots, max_tokens=BLOCKER_TOKENS)
     try:
-        client = openai_client(gateway, timeout=CLIENT_TIMEOUT_S)
+        client = openai_client(gateway, read_timeout=CLIENT_TIMEOUT_S)
         started = time.monotonic()
         if client_kind == "openai":
             call = openai_call(client, engines, stream=stream, max_tokens=16)
