@@ -191,6 +191,7 @@ async def hold_stream(
         "max_tokens": max_tokens,
         "ignore_eos": True,
         "stream": True,
+        "stream_interval": HOLD_STREAM_INTERVAL,  # vLLM >= 0.11 and the simulator: one chunk per N tokens
     }
     tail = b""  # the last bytes seen, to find an event split across reads
     async with (

@@ -209,6 +209,22 @@ def test_map_exceptions_makes_network_errors_retryable(exception: BaseException,
     assert caught.value.__cause__ is exception
 
 
+def test_an_unparsable_answer_is_an_engine_fault_not_the_engines_400() -> None:
+    """aiohttp reports a garbage status line as ClientResponseError(status=400): that 400 is aiohttp's, so the
+    request is retried elsewhere rather than answered 400 as if the client were wrong."""
+    garbage = aiohttp.http_exceptions.BadStatusLine(b"\xd8b\xc2")
+    parsed = aiohttp.ClientResponseError(None, (), status=400, message=garbage.message)  # type: ignore[arg-type]
+    parsed.__cause__ = garbage
+    with pytest.raises(UpstreamError) as caught, map_exceptions("POST x"):
+        raise parsed
+    assert caught.value.retryable and caught.value.status is None
+    assert "unreadable HTTP answer" in caught.value.message
+    engines_own_400 = aiohttp.ClientResponseError(None, (), status=400, message="Bad Request")  # type: ignore[arg-type]
+    with pytest.raises(UpstreamError) as caught, map_exceptions("POST x"):
+        raise engines_own_400
+    assert not caught.value.retryable and caught.value.status == 400
+
+
 def test_map_exceptions_passes_upstream_errors_and_cancellation() -> None:
     original = UpstreamError("mine", retryable=False, status=400)
     with pytest.raises(UpstreamError) as caught, map_exceptions("x"):

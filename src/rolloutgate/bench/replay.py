@@ -23,7 +23,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from rolloutgate.bench.replay_measure import measure
 from rolloutgate.bench.replay_scenario import MODES, ReplayConfig
 from rolloutgate.bench.replay_world import ModeRecords, run_mode
 
-__all__ = ("ReplayResult", "report_replay", "run_replay", "verdicts")
+__all__ = ("ReplayResult", "WorkerJob", "report_replay", "run_replay", "run_workers", "verdicts")
 
 Progress = Callable[[dict[str, Any]], None]
 
@@ -135,43 +136,55 @@ def _worker_command(config: ReplayConfig, mode: str, out: Path) -> list[str]:
     ]
 
 
-async def _run_workers(
-    config: ReplayConfig, modes: tuple[str, ...], out_dir: Path, progress: Progress | None
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerJob:
+    """One worker process: a mode of a configuration; `label` names its files (records-<label>.json,
+    replay-<label>.log) and tags its progress lines."""
+
+    label: str
+    config: ReplayConfig
+    mode: str
+
+
+async def run_workers(
+    jobs: Sequence[WorkerJob], out_dir: Path, progress: Progress | None = None
 ) -> dict[str, ModeRecords]:
+    """Run the jobs at once, one worker process each, their clocks started together; their records by label.
+    Raises RuntimeError if a worker fails."""
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONUNBUFFERED": "1"}
     processes: dict[str, asyncio.subprocess.Process] = {}
     logs = {}
     try:
-        for mode in modes:
-            logs[mode] = (out_dir / f"replay-{mode}.log").open("wb")
-            processes[mode] = await asyncio.create_subprocess_exec(
-                *_worker_command(config, mode, out_dir / f"records-{mode}.json"),
+        for job in jobs:
+            logs[job.label] = (out_dir / f"replay-{job.label}.log").open("wb")
+            processes[job.label] = await asyncio.create_subprocess_exec(
+                *_worker_command(job.config, job.mode, out_dir / f"records-{job.label}.json"),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=logs[mode],
+                stderr=logs[job.label],
                 env=env,
             )
 
         waiting = set(processes)
 
-        def release_when_all_ready(mode: str) -> None:
-            # both modes start their clocks together: neither runs while the other is loading LiteLLM
-            waiting.discard(mode)
+        def release_when_all_ready(label: str) -> None:
+            # all jobs start their clocks together: none runs while another is loading LiteLLM
+            waiting.discard(label)
             if not waiting:
                 for process in processes.values():
                     assert process.stdin is not None
                     process.stdin.write(b"go\n")
 
-        async def follow(mode: str, process: asyncio.subprocess.Process) -> int:
+        async def follow(label: str, process: asyncio.subprocess.Process) -> int:
             assert process.stdout is not None
             async for line in process.stdout:
                 if not line.strip():
                     continue
                 state = orjson.loads(line)
                 if state.get("ready"):
-                    release_when_all_ready(mode)
+                    release_when_all_ready(label)
                 elif progress is not None:
-                    progress(state)
+                    progress(state | {"label": label})
             return await process.wait()
 
         codes = await asyncio.gather(*(follow(m, p) for m, p in processes.items()))
@@ -184,11 +197,17 @@ async def _run_workers(
             log.close()
     failed = [m for m, code in zip(processes, codes, strict=True) if code != 0]
     if failed:
-        raise RuntimeError(f"replay worker(s) {failed} failed; see {out_dir}/replay-<mode>.log")
+        raise RuntimeError(f"replay worker(s) {failed} failed; see {out_dir}/replay-<label>.log")
     return {
-        mode: ModeRecords.from_json(orjson.loads((out_dir / f"records-{mode}.json").read_bytes()))
-        for mode in modes
+        label: ModeRecords.from_json(orjson.loads((out_dir / f"records-{label}.json").read_bytes()))
+        for label in processes
     }
+
+
+async def _run_workers(
+    config: ReplayConfig, modes: tuple[str, ...], out_dir: Path, progress: Progress | None
+) -> dict[str, ModeRecords]:
+    return await run_workers([WorkerJob(label=m, config=config, mode=m) for m in modes], out_dir, progress)
 
 
 async def _run_in_process(

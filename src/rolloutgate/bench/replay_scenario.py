@@ -41,6 +41,7 @@ class ReplayConfig:
     seed: int = 0
     sessions: bool = False  # agents use the gateway's session API (/sessions/{id}/v1)
     prefill_admission: bool = True  # engine-time gateway with prefill-aware admission (docs/prefill.md)
+    record_token_times: bool = False  # each generation's token times in the records (bench/prefill_replay.py)
     # clients and gateways (as in the incident)
     client_timeout_s: float = 300.0
     gateway_timeout_s: float = 600.0

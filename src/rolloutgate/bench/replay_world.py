@@ -28,6 +28,7 @@ from typing import Any
 
 import aiohttp
 
+from rolloutgate.bench.prefill_measure import MODE_SETTINGS
 from rolloutgate.bench.replay_agents import AgentFleet
 from rolloutgate.bench.replay_scenario import ReplayConfig, ScenarioEvent, agent_plan, timeline
 from rolloutgate.bench.replay_tap import TappedGateway
@@ -36,6 +37,7 @@ from rolloutgate.sim import SimCluster
 from rolloutgate.sim.engine import SimEngine
 from rolloutgate.sim.faults import Fault
 from rolloutgate.sim.ledger import GenerationLedger
+from rolloutgate.sim.request import SimRequest
 
 __all__ = ("ModeRecords", "run_mode")
 
@@ -87,11 +89,29 @@ class ModeRecords:
 
 
 # the gateway as it was before prefill-aware admission (`--no-prefill-admission`, docs/prefill.md)
-PREFILL_ADMISSION_OFF: dict[str, Any] = {
-    "placement": "session_affinity",
-    "prefill_budget_tokens": 0,
-    "prefill_rest_ratio": 0.0,
-}
+PREFILL_ADMISSION_OFF: dict[str, Any] = MODE_SETTINGS["off"]
+
+
+class _TimedLedger(GenerationLedger):
+    """A ledger that also keeps each finished generation's token times (the engines record them only with
+    `record_token_times`; ReplayConfig.record_token_times)."""
+
+    def __init__(self, engine: int) -> None:
+        super().__init__(engine=engine)
+        self.token_times: dict[str, list[float]] = {}
+
+    def finished(self, req: SimRequest) -> None:
+        if req.token_times is not None and not req.internal:
+            self.token_times[req.rid] = req.token_times
+        super().finished(req)
+
+
+def _token_times(ledger: GenerationLedger, live: list[SimRequest], rid: str) -> list[float]:
+    """A generation's token times (ms precision: the records stay small enough to write and read)."""
+    times = ledger.token_times.get(rid) if isinstance(ledger, _TimedLedger) else None
+    if times is None:
+        times = next((r.token_times or [] for r in live if r.rid == rid), [])
+    return [round(t, 3) for t in times]
 
 
 def gateway_settings(config: ReplayConfig, mode: str, urls: list[str]) -> GatewaySettings:
@@ -236,8 +256,10 @@ async def run_mode(
         profile="incident",
         time_scale=config.time_scale,
         seed=config.seed,
+        record_token_times=config.record_token_times,
     ) as cluster:
-        ledgers = [GenerationLedger.attach(engine) for engine in cluster.engines]
+        ledger_type = _TimedLedger if config.record_token_times else GenerationLedger
+        ledgers = [ledger_type.attach(engine) for engine in cluster.engines]
         clock = cluster.clock
         lags: list[tuple[float, float]] = []
         watcher = asyncio.create_task(_watch_loop(clock.now, lags))
@@ -269,7 +291,12 @@ async def run_mode(
             engine.sync()
             live = [r for r in engine.model.requests() if not r.is_finished]
             records, engine_holds = ledger.snapshot(live)
-            generations += [r.to_json() for r in records]
+            if config.record_token_times:
+                generations += [
+                    r.to_json() | {"token_times": _token_times(ledger, live, r.rid)} for r in records
+                ]
+            else:
+                generations += [r.to_json() for r in records]
             holds += [h.to_json() for h in engine_holds]
         result = ModeRecords(
             mode=mode,

@@ -307,6 +307,10 @@ def map_exceptions(what: str) -> Iterator[None]:
     except UpstreamProtocolError as exc:
         raise UpstreamError(f"{what}: {exc}", retryable=True) from exc
     except aiohttp.ClientResponseError as exc:
+        if isinstance(exc.__cause__, aiohttp.http_exceptions.HttpProcessingError):
+            # aiohttp reports an answer it cannot parse (a garbage status line or headers) as a 400 of the
+            # engine's; the engine said nothing of the kind: it is broken, and another engine may do better.
+            raise UpstreamError(f"{what}: unreadable HTTP answer: {exc.message}", retryable=True) from exc
         raise UpstreamError(
             f"{what}: HTTP {exc.status}: {exc.message}",
             retryable=_is_retryable_status(exc.status),

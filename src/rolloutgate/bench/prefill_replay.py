@@ -1,0 +1,338 @@
+"""Prefill-aware admission, off and on, side by side in the incident replay (docs/prefill.md).
+
+    python -m rolloutgate.bench.prefill_replay [--seeds 0,1,2,3] [--time-scale 24] [--out out/prefill-replay]
+    make prefill-compare
+
+Theory of operation
+-------------------
+For each seed, the incident replay's engine-time mode (bench/replay_world.py: 12 agents on 4 simulated SGLang
+engines, two storms of new ~100K-token sessions, a weight update, an engine that freezes for good) runs twice,
+with prefill-aware admission off (the gateway as it was: session affinity, no budget, no rest) and on (the
+gateway's defaults), in two worker processes started together (bench/replay.py `run_workers`), the engines
+recording every token's time. Both runs of a seed face the same workload and the same scripted events; only
+the gateway's admission differs.
+
+Figures (bench/prefill_measure.py defines the shared ones), per run, then pooled over the seeds: rates and
+percentiles over all the runs' generations and turns, counts summed, the rest averaged per run:
+
+- co-located decode rate during storms: engine side, from the token times; time an engine was paused (the
+  weight update) or frozen is not counted;
+- total tokens per second; turn latency p50 and p99 over all completed turns; uncharged contention;
+- turn latency p99 *excluding the turns caught by the freeze*: a turn one of whose generations was on the
+  frozen engine when it froze or was sent there after (it runs again elsewhere, after up to `stall_timeout` and
+  a whole lost decode). Which turns the freeze catches depends on where the sessions happen to be, which
+  placement changes: this row separates that chance from admission's doing. The headline p99 is the plain one;
+- warm turns' time to first token (medium and long turns: a session's next turn), the storms' spans;
+- the replay's own engine-time verdicts (bench/replay.py `verdicts`), per run;
+- the largest event-loop stall of each run: at a high time scale on a busy machine a late loop distorts the run
+  (docs/replay.md, fidelity); a run whose loop fell behind by more than half of `stall_timeout` is flagged.
+
+Outputs in `--out`: `prefill_replay.json` (every figure, per seed and pooled, the verdicts), `prefill_replay.md`
+(the tables), and per seed `records-seed<N>-<off|on>.json` (the replay's raw records) and worker logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from rolloutgate.bench.prefill_measure import (
+    MODES,
+    PERCENTILES,
+    Generation,
+    Row,
+    decode_during_storms,
+    last_attempts,
+    percentile,
+    pool,
+    split_rid,
+    storm_span_end,
+    table,
+)
+from rolloutgate.bench.replay import WorkerJob, run_workers, verdicts
+from rolloutgate.bench.replay_measure import measure as measure_replay
+from rolloutgate.bench.replay_scenario import ReplayConfig
+from rolloutgate.bench.replay_world import ModeRecords, run_mode
+
+__all__ = ("ROWS", "compare", "main", "measure", "prefill_config")
+
+_PERCENTILES = {
+    **PERCENTILES,
+    "turn_latency_p99_unfrozen_s": ("latencies_unfrozen", 0.99),
+    "warm_turn_ttft_p99_s": ("warm_ttft", 0.99),
+}
+
+ROWS: tuple[Row, ...] = (
+    ("co-located decode rate during storms, mean (tok/s)", "colocated_decode_rate_mean", "{:.1f}"),
+    ("  the same, all their tokens / all their time (tok/s)", "colocated_decode_rate_pooled", "{:.1f}"),
+    ("total tokens per second", "tokens_per_s", "{:.1f}"),
+    ("turn latency p99, all turns (s)", "turn_latency_p99_s", "{:.0f}"),
+    ("turn latency p50 (s)", "turn_latency_p50_s", "{:.0f}"),
+    ("uncharged contention, all requests (s per run)", "uncharged_contention_s", "{:,.0f}"),
+    ("turns completed / failed", None, ""),
+    ("turn latency p99 without the turns caught by the freeze (s)", "turn_latency_p99_unfrozen_s", "{:.0f}"),
+    ("turns caught by the freeze", "turns_caught_by_freeze", "{:d}"),
+    ("engine-seconds lost to the frozen engine (per run)", "lost_to_fault_engine_seconds", "{:,.0f}"),
+    ("warm turns: time to first token p99 (s)", "warm_turn_ttft_p99_s", "{:.1f}"),
+    ("storm spans: arrival to last first token (s per run)", "storm_span_s", "{:.0f}"),
+    ("replay verdicts held (runs with all engine-time verdicts)", "verdicts_held", ""),
+    ("largest event-loop stall (real s)", "loop_stall_max_real_s", "{:.2f}"),
+)
+
+
+def prefill_config(config: ReplayConfig, seed: int, mode: str) -> ReplayConfig:
+    """The replay configuration of one run: `config` at `seed`, admission off or on, token times recorded."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    return replace(config, seed=seed, prefill_admission=mode == "on", record_token_times=True)
+
+
+def _request_of_turn(records: dict[str, Any]) -> dict[str, str]:
+    """Each turn's gateway request: the request id of its last client attempt (the one that answered)."""
+    out: dict[str, str] = {}
+    for attempt in sorted(records["attempts"], key=lambda a: a["arrived_at"]):
+        if attempt["request_id"]:
+            out[attempt["tag"]] = attempt["request_id"]
+    return out
+
+
+def _held(records: dict[str, Any], run_end: float) -> dict[int, list[tuple[float, float]]]:
+    """Per engine, when it was paused or frozen."""
+    out: dict[int, list[tuple[float, float]]] = {}
+    for hold in records["holds"]:
+        end = run_end if hold["end_at"] is None else min(run_end, hold["end_at"])
+        out.setdefault(hold["engine"], []).append((hold["start_at"], end))
+    return out
+
+
+def _caught_by_freeze(records: dict[str, Any], run_end: float) -> set[str]:
+    """Gateway requests with a generation on the frozen engine when it froze or sent there after."""
+    freeze = next((e for e in records["events"] if e["kind"] == "freeze"), None)
+    if freeze is None:
+        return set()
+    engine, at = int(freeze["engine"]), float(freeze["at"])
+    return {
+        split_rid(g["rid"])[0]
+        for g in records["generations"]
+        if g["engine"] == engine and (g["finished_at"] if g["finished_at"] is not None else run_end) > at
+    }
+
+
+def measure(records: dict[str, Any]) -> dict[str, Any]:
+    """The figures of one run (one seed, one mode) from its replay records (`record_token_times` on)."""
+    config = ReplayConfig.from_json(records["config"])
+    run_end = float(records["ended_at"])
+    generations = [
+        Generation(
+            engine=g["engine"],
+            rid=g["rid"],
+            first_token_at=g["first_token_at"],
+            ended_at=run_end if g["finished_at"] is None else min(run_end, g["finished_at"]),
+            token_times=g.get("token_times") or (),
+        )
+        for g in records["generations"]
+    ]
+    if records["generations"] and "token_times" not in records["generations"][0]:
+        raise ValueError("these records have no token times: run the replay with record_token_times")
+    by_request = last_attempts(generations)
+    request_of = _request_of_turn(records)
+    spans = []
+    for event in (e for e in records["events"] if e["kind"] == "storm"):
+        prefix = f"storm{event['wave']}-"
+        tags = [t["tag"] for t in records["turns"] if t["agent"].startswith(prefix)]
+        firsts = [by_request[r].first_token_at for t in tags if (r := request_of.get(t)) in by_request]
+        spans.append((float(event["at"]), storm_span_end(firsts, int(event["sessions"]), run_end)))
+    decode = decode_during_storms(spans, generations, held=_held(records, run_end))
+    done = [t for t in records["turns"] if t["ok"] and t["ended_at"] is not None]
+    caught = _caught_by_freeze(records, run_end)
+    is_caught = {t["tag"]: request_of.get(t["tag"]) in caught for t in records["turns"]}
+    latencies = sorted(t["ended_at"] - t["started_at"] for t in done)
+    unfrozen = sorted(t["ended_at"] - t["started_at"] for t in done if not is_caught[t["tag"]])
+    warm_ttft = sorted(
+        first - t["started_at"]
+        for t in done
+        if t["kind"] in ("medium", "long")
+        and (r := request_of.get(t["tag"])) in by_request
+        and (first := by_request[r].first_token_at) is not None
+    )
+    replay = measure_replay(records)
+    held = verdicts(config, {"engine": replay})
+    contention = [(e.get("timing") or {}).get("contention_s", 0.0) for e in records["ends"]]
+    stall = replay["loop_stalls"]["max_real_s"]
+    return {
+        "mode": "on" if config.prefill_admission else "off",
+        "seed": config.seed,
+        "colocated_decode_rate_mean": decode.mean,
+        "colocated_decode_rate_pooled": decode.pooled,
+        "colocated_generations": len(decode.rates),
+        "tokens_per_s": sum(int(g["completion_tokens"]) for g in records["generations"]) / run_end,
+        "turn_latency_p50_s": percentile(latencies, 0.50),
+        "turn_latency_p99_s": percentile(latencies, 0.99),
+        "turn_latency_p99_unfrozen_s": percentile(unfrozen, 0.99),
+        "uncharged_contention_s": float(sum(contention)),
+        "turns_completed": len(done),
+        "turns_failed": sum(1 for t in records["turns"] if t["ok"] is False),
+        "turns_caught_by_freeze": sum(1 for t in records["turns"] if is_caught[t["tag"]]),
+        "lost_to_fault_engine_seconds": float(replay["lost_to_fault_engine_seconds"]),
+        "warm_turn_ttft_p99_s": percentile(warm_ttft, 0.99),
+        "storm_span_s": [round(end - at, 1) for at, end in spans],
+        "verdicts": held,
+        "verdicts_ok": int(all(v["ok"] for v in held)),
+        "verdicts_held": f"{sum(v['ok'] for v in held)} of {len(held)} verdicts",
+        "loop_stall_max_real_s": float(stall),
+        "is_disturbed": int(stall * config.time_scale > 0.5 * config.stall_timeout_s),
+        "real_s": float(records["real_s"]),
+        "raw": {
+            "rates": decode.rates,
+            "tokens_in": decode.tokens_in,
+            "time_in": decode.time_in,
+            "latencies": latencies,
+            "latencies_unfrozen": unfrozen,
+            "warm_ttft": warm_ttft,
+        },
+    }
+
+
+def pool_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One mode's runs pooled (see the module docstring)."""
+    out = pool(runs, _PERCENTILES)
+    out["verdicts_held"] = f"{sum(f['verdicts_ok'] for f in runs)} of {len(runs)}"
+    out["loop_stall_max_real_s"] = max(f["loop_stall_max_real_s"] for f in runs)
+    out["seeds"] = [f["seed"] for f in runs]
+    out.pop("seed", None)
+    return out
+
+
+async def compare(
+    config: ReplayConfig,
+    seeds: list[int],
+    out_dir: Path,
+    *,
+    together: bool = True,
+    in_process: bool = False,
+    log: Any = print,
+) -> dict[str, list[dict[str, Any]]]:
+    """Run every seed off and on (`together`: both at once, one process each; else one after the other) and
+    measure them; the runs' figures by mode, in seed order. Each run's records stay in `out_dir`.
+    `in_process`: run them in this process instead, on one event loop (for tests: LiteLLM is imported once)."""
+    out_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, before anything runs
+    per_mode: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    for seed in seeds:
+        jobs = [
+            WorkerJob(label=f"seed{seed}-{m}", config=prefill_config(config, seed, m), mode="engine")
+            for m in MODES
+        ]
+        started = time.perf_counter()
+        batches = [jobs] if together else [[job] for job in jobs]
+        for batch in batches:
+            log(
+                f"seed {seed}: {', '.join(j.label for j in batch)} ({config.duration_s:.0f} simulated s "
+                f"at x{config.time_scale:g}, ~{config.real_s(config.duration_s):.0f} s)"
+            )
+            records = await (_run_here(batch, out_dir) if in_process else run_workers(batch, out_dir))
+            for job in batch:
+                figures = measure(records[job.label].to_json())
+                per_mode[figures["mode"]].append(figures)
+        log(f"seed {seed} done in {time.perf_counter() - started:.0f} s")
+        log(table({m: per_mode[m][-1] for m in MODES}, ROWS))
+    return per_mode
+
+
+async def _run_here(jobs: list[WorkerJob], out_dir: Path) -> dict[str, ModeRecords]:
+    results = await asyncio.gather(*(run_mode(job.config, job.mode) for job in jobs))
+    records = {job.label: r for job, r in zip(jobs, results, strict=True)}
+    for label, record in records.items():
+        (out_dir / f"records-{label}.json").write_bytes(orjson.dumps(record.to_json()))
+    return records
+
+
+def _strip(figures: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in figures.items() if k != "raw"}
+
+
+def _disturbed(per_mode: dict[str, list[dict[str, Any]]]) -> list[str]:
+    return [f"seed {f['seed']} {f['mode']}" for runs in per_mode.values() for f in runs if f["is_disturbed"]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    defaults = ReplayConfig()
+    parser = argparse.ArgumentParser(
+        prog="python -m rolloutgate.bench.prefill_replay", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--seeds", default="0,1,2,3", help="workload seeds, comma-separated (pooled)")
+    parser.add_argument("--time-scale", type=float, default=defaults.time_scale)
+    parser.add_argument("--agents", type=int, default=defaults.agents)
+    parser.add_argument("--duration", type=float, default=defaults.duration_s, help="simulated seconds")
+    parser.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="run off and on one after the other (default: together, one process each)",
+    )
+    parser.add_argument("--out", type=Path, default=Path("out/prefill-replay"))
+    args = parser.parse_args(argv)
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
+    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    if not seeds:
+        parser.error("--seeds needs at least one seed")
+    config = replace(defaults, time_scale=args.time_scale, agents=args.agents, duration_s=args.duration)
+    started = time.perf_counter()
+    per_mode = asyncio.run(
+        compare(config, seeds, args.out, together=not args.one_at_a_time, log=lambda s: print(s, flush=True))
+    )
+    wall_s = time.perf_counter() - started
+    figures = {m: pool_runs(per_mode[m]) for m in MODES}
+    text = table(figures, ROWS)
+    per_seed = "\n".join(
+        f"seed {off['seed']}: tokens/s {off['tokens_per_s']:.1f} -> {on['tokens_per_s']:.1f}, "
+        f"p99 {off['turn_latency_p99_s']:.0f} -> {on['turn_latency_p99_s']:.0f} s, "
+        f"p50 {off['turn_latency_p50_s']:.0f} -> {on['turn_latency_p50_s']:.0f} s, "
+        f"decode rate during storms {off['colocated_decode_rate_mean']:.1f} -> "
+        f"{on['colocated_decode_rate_mean']:.1f} tok/s, "
+        f"caught by the freeze {off['turns_caught_by_freeze']} -> {on['turns_caught_by_freeze']}"
+        for off, on in zip(per_mode["off"], per_mode["on"], strict=True)
+    )
+    print(f"\n{len(seeds)} seed(s) pooled, {wall_s:.0f} s of real time\n\n{text}\n\n{per_seed}")
+    disturbed = _disturbed(per_mode)
+    if disturbed:
+        print(
+            f"\nWARNING: the event loop fell behind by more than half of stall_timeout in {', '.join(disturbed)}:"
+            " the machine was busy; rerun before publishing (or lower --time-scale)",
+            file=sys.stderr,
+        )
+    result = {
+        "config": config.to_json(),
+        "seeds": seeds,
+        "together": not args.one_at_a_time,
+        "wall_s": round(wall_s, 1),
+        "figures": {m: _strip(f) for m, f in figures.items()},
+        "per_seed": {m: [_strip(f) for f in runs] for m, runs in per_mode.items()},
+        "disturbed": disturbed,
+    }
+    (args.out / "prefill_replay.json").write_text(json.dumps(_finite(result), indent=2))
+    (args.out / "prefill_replay.md").write_text(text + "\n\n" + per_seed + "\n")
+    return 0
+
+
+def _finite(value: Any) -> Any:
+    """`value` with NaN and infinities as None (JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
