@@ -285,18 +285,7 @@ class GatewayLedger:
             self._detach(r, now)
         self._queue.remove(r.request_id)
         r.move_to(RequestState.TIMED_OUT if reason in _TIMED_OUT else RequestState.FAILED)
-        r.clock.finish(now)
-        timing = self._breakdown(r, now, engine_id)
-        out.append(
-            Fail(
-                request_id=r.request_id,
-                reason=reason,
-                timing=timing,
-                retry_after_s=retry_after_s,
-                detail=detail,
-            )
-        )
-        self._fails[reason.value] = self._fails.get(reason.value, 0) + 1
+        self._answer_failed(r, reason, now, out, retry_after_s, detail, engine_id)
         self._free(r)
 
     def _reject(
@@ -310,8 +299,21 @@ class GatewayLedger:
     ) -> None:
         """Fail a request at arrival (never queued)."""
         r.move_to(RequestState.FAILED)
+        self._answer_failed(r, reason, now, out, retry_after_s, detail)
+
+    def _answer_failed(
+        self,
+        r: RequestRecord,
+        reason: FailReason,
+        now: float,
+        out: list[Command],
+        retry_after_s: float,
+        detail: str,
+        engine_id: str | None = None,
+    ) -> None:
+        """Stop the request's clocks and tell the edge how it failed, with its final timing."""
         r.clock.finish(now)
-        timing = self._breakdown(r, now)
+        timing = self._breakdown(r, now, engine_id)
         out.append(
             Fail(
                 request_id=r.request_id,
