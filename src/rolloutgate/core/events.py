@@ -16,6 +16,7 @@ __all__ = (
     "ClientAttached",
     "ClientDisconnected",
     "ClockMode",
+    "EngineCacheFlushed",
     "EngineHealthChecked",
     "EngineJoined",
     "EngineLeft",
@@ -182,6 +183,15 @@ class EngineHealthChecked:
 
 
 @dataclass(**_frozen)
+class EngineCacheFlushed:
+    """The engine's prefix cache was emptied: its weights were updated (KV computed with the old weights is
+    useless, and SGLang flushes it) or its cache was flushed. Sessions placed there keep their affinity, but
+    their next turn is a cold prefill again."""
+
+    engine_id: str
+
+
+@dataclass(**_frozen)
 class EnginePaused:
     """One engine was paused (a staggered weight update); its requests are not charged meanwhile."""
 
@@ -218,6 +228,7 @@ Event = (
     | EngineJoined
     | EngineLeft
     | EngineHealthChecked
+    | EngineCacheFlushed
     | EnginePaused
     | EngineResumed
     | GateClosed

@@ -62,6 +62,7 @@ from rolloutgate.core.engine_state import EngineState
 from rolloutgate.core.events import (
     ClientAttached,
     ClientDisconnected,
+    EngineCacheFlushed,
     EngineHealthChecked,
     EngineJoined,
     EngineLeft,
@@ -102,6 +103,7 @@ class Gateway(GatewayLedger):
             EngineJoined: self._on_engine_joined,
             EngineLeft: self._on_engine_left,
             EngineHealthChecked: self._on_health_checked,
+            EngineCacheFlushed: self._on_cache_flushed,
             EnginePaused: self._on_engine_paused,
             EngineResumed: self._on_engine_resumed,
             GateClosed: self._on_gate_closed,
@@ -157,6 +159,10 @@ class Gateway(GatewayLedger):
     def timing(self, request_id: str, now: float) -> TimingBreakdown:
         """The live timing breakdown of a request. Raises KeyError if it is unknown or has ended."""
         return self._breakdown(self._requests[request_id], now)
+
+    def session_placement(self, routing_key: str) -> tuple[str, int] | None:
+        """Where the session's prefix is believed to live: (engine id, cached prompt tokens), or None."""
+        return self._sessions.get(routing_key)
 
     def stats(self) -> GatewayStats:
         waiting: dict[str, int] = {}
@@ -403,6 +409,11 @@ class Gateway(GatewayLedger):
             engine.meter.set_paused(now, True)
             self._touch(engine)
             self._refresh_engines(now)
+        return []
+
+    def _on_cache_flushed(self, ev: EngineCacheFlushed, now: float) -> list[Command]:
+        # Only the placement's estimate changes; nothing in flight or queued moves because of it.
+        self._sessions.forget_cached(ev.engine_id)
         return []
 
     def _on_engine_resumed(self, ev: EngineResumed, now: float) -> list[Command]:

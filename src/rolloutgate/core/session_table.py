@@ -11,6 +11,8 @@ Rules:
 1. An entry names one engine; a session that moves is recorded on its new engine (the old cache is assumed
    useless to it).
 2. Entries are never trusted for placement on their own: the policy checks the engine is still schedulable.
+3. A weight update empties an engine's prefix cache (`EngineCacheFlushed`): its sessions stay (affinity costs
+   nothing there) with 0 tokens cached, so their next turns count as the cold prefills they are.
 """
 
 from __future__ import annotations
@@ -53,6 +55,13 @@ class SessionTable:
         entry = self.get(routing_key)
         if entry is None or entry[0] == engine_id:
             self.record(routing_key, engine_id, cached_tokens)
+
+    def forget_cached(self, engine_id: str) -> None:
+        """`engine_id`'s prefix cache was emptied: its sessions stay there (affinity) with nothing cached."""
+        entries = self._entries
+        for key, (engine, cached) in entries.items():
+            if engine == engine_id and cached:
+                entries[key] = (engine, 0)  # a value update: the LRU order stays as it is
 
     def uncached(self, routing_key: str | None, prompt_tokens: int, engine_id: str) -> int:
         """Estimated prompt tokens `engine_id` must prefill for this request."""

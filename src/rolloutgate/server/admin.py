@@ -25,7 +25,14 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from rolloutgate.core.events import EnginePaused, EngineResumed, GateClosed, GateOpened, PauseMode
+from rolloutgate.core.events import (
+    EngineCacheFlushed,
+    EnginePaused,
+    EngineResumed,
+    GateClosed,
+    GateOpened,
+    PauseMode,
+)
 from rolloutgate.engines.base import UpstreamError
 from rolloutgate.errors import BadRequest
 from rolloutgate.server.auth import check_admin
@@ -130,9 +137,15 @@ async def pause(request: web.Request) -> web.Response:
 async def resume(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     check_admin(request, ctx.settings)
+    weights_updated = (await _body(request, ctx)).get("weights_updated", False)
+    if not isinstance(weights_updated, bool):
+        raise BadRequest("weights_updated must be true or false", param="weights_updated")
     gate = _gate_state(ctx)
     mode = PauseMode(gate["mode"]) if gate["mode"] else PauseMode.DRAIN
     await _resume_engines(list(ctx.pool.engines.values()), mode)
+    if weights_updated:  # the trainer updated the engines itself while the gate was closed (e.g. over NCCL)
+        for engine_id in ctx.pool.engines:
+            ctx.driver.handle(EngineCacheFlushed(engine_id=engine_id))
     for engine_id in gate.pop("held", []):
         if engine_id in ctx.pool.engines:
             ctx.pool.engines[engine_id].maintenance -= 1
@@ -156,7 +169,9 @@ async def state(request: web.Request) -> web.Response:
     )
 
 
-async def _update_one(engine: EngineHandle, path: str, body: dict[str, Any]) -> dict[str, Any]:
+async def _update_one(
+    ctx: GatewayContext, engine: EngineHandle, path: str, body: dict[str, Any]
+) -> dict[str, Any]:
     started = time.perf_counter()
     try:
         answer = await engine.client.update_weights(path, body)
@@ -164,6 +179,9 @@ async def _update_one(engine: EngineHandle, path: str, body: dict[str, Any]) -> 
         error = None if ok else str(answer.get("message"))
     except UpstreamError as exc:
         answer, ok, error = None, False, exc.message
+    # Whatever the outcome, the engine's prefix cache cannot be counted on any more (new weights make it
+    # stale, and SGLang flushes it): placement treats its sessions' next turns as cold prefills.
+    ctx.driver.handle(EngineCacheFlushed(engine_id=engine.engine_id))
     try:
         info = await engine.client.probe()
         engine.info = info
@@ -219,7 +237,7 @@ async def update_weights(request: web.Request) -> web.Response:
                         ctx, {e.engine_id for e in engines}, ctx.driver.clock.real_seconds(drain_timeout)
                     )
                 await _pause_engines(engines, mode)
-                results = list(await asyncio.gather(*(_update_one(e, path, payload) for e in engines)))
+                results = list(await asyncio.gather(*(_update_one(ctx, e, path, payload) for e in engines)))
                 await _resume_engines(engines, mode)
         finally:
             ctx.driver.handle(GateOpened())
@@ -249,7 +267,7 @@ async def _update_staggered(
             if mode is PauseMode.DRAIN:
                 await _wait_drained(ctx, {engine.engine_id}, ctx.driver.clock.real_seconds(drain_timeout))
             await _pause_engines([engine], mode)
-            result = await _update_one(engine, path, payload)
+            result = await _update_one(ctx, engine, path, payload)
             await _resume_engines([engine], mode)
             return result
     finally:

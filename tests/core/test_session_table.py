@@ -1,0 +1,45 @@
+"""Where each session's prefix lives (core/session_table.py), and what a flushed engine cache does to it."""
+
+from __future__ import annotations
+
+from rolloutgate.core.commands import Dispatch
+from rolloutgate.core.config import GatewayCoreConfig
+from rolloutgate.core.events import EngineCacheFlushed, EngineJoined
+from rolloutgate.core.session_table import SessionTable
+from tests.core.helpers import Harness
+
+LONG = 100_000
+
+
+def test_a_flushed_engine_keeps_its_sessions_but_nothing_of_their_prefixes() -> None:
+    table = SessionTable(max_entries=3)
+    table.record("a", "e1", 5000)
+    table.record("b", "e2", 7000)
+    table.record("c", "e1", 9000)
+    table.forget_cached("e1")
+    assert (table.get("a"), table.get("b"), table.get("c")) == (("e1", 0), ("e2", 7000), ("e1", 0))
+    assert table.uncached("a", 6000, "e1") == 6000 and table.uncached("b", 8000, "e2") == 1000
+    table.record("d", "e2", 1)  # the LRU order is untouched by the flush: "a" is still the oldest
+    assert table.get("a") is None and table.get("c") == ("e1", 0)
+
+
+def test_after_a_weight_update_a_sessions_next_turn_is_a_cold_prefill_again() -> None:
+    """A warm next turn (2K new tokens) is exempt from the prefill budget; after the engine's cache was
+    flushed the same turn costs its whole history, so it waits behind a long prompt already in prefill."""
+    h = Harness(
+        GatewayCoreConfig(
+            placement="prefill_aware", prefill_budget_exempt_tokens=4096, prefill_rest_ratio=0.0
+        )
+    )
+    h.send(EngineJoined(engine_id="e1", capacity=16, prefill_token_budget=8192))
+    h.arrive("s-t1", routing_key="s", prompt_tokens=LONG)
+    h.progress("s-t1")
+    h.finish("s-t1")
+    h.send(EngineCacheFlushed(engine_id="e1"))
+    h.arrive("x0", prompt_tokens=LONG)  # in prefill on e1
+    h.arrive("s-t2", routing_key="s", prompt_tokens=LONG + 2000)
+    assert [(d.request_id, d.engine_id) for d in h.commands(Dispatch)] == [("s-t1", "e1"), ("x0", "e1")]
+    assert h.gw.stats().queue_depth == 1  # s-t2 waits: 102K cold tokens do not fit beside x0
+    h.advance(30.0)
+    h.progress("x0")
+    assert [d.request_id for d in h.commands(Dispatch)][-1] == "s-t2"
