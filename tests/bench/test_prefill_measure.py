@@ -59,9 +59,7 @@ def test_time_an_engine_was_held_does_not_count_and_each_span_counts_apart() -> 
         ended_at=400.0,
         token_times=[i / 10 for i in range(1501)],
     )
-    decode = decode_during_storms(
-        [(100.0, 200.0), (300.0, 350.0)], [frozen], held={1: [(150.0, 400.0)]}
-    )
+    decode = decode_during_storms([(100.0, 200.0), (300.0, 350.0)], [frozen], held={1: [(150.0, 400.0)]})
     assert decode.rates == pytest.approx([10.0])  # the second span falls wholly in the freeze
     assert decode.time_in == pytest.approx(50.0)
     empty = decode_during_storms([], [frozen])
@@ -96,7 +94,12 @@ def _figures(mode: str, latencies: list[float], rates: list[float], tokens_per_s
         "turns_completed": len(latencies),
         "turns_failed": 1,
         "storm_span_s": [100.0, 200.0],
-        "raw": {"rates": rates, "tokens_in": 10.0 * len(rates), "time_in": 2.0 * len(rates), "latencies": latencies},
+        "raw": {
+            "rates": rates,
+            "tokens_in": 10.0 * len(rates),
+            "time_in": 2.0 * len(rates),
+            "latencies": latencies,
+        },
     }
 
 
@@ -115,9 +118,9 @@ def test_pooled_runs_take_percentiles_over_all_turns_and_average_the_rest() -> N
     assert pool([first]) == first
 
 
-def test_the_table_shows_each_mode_and_the_change() -> None:
-    off = _figures("off", [100.0, 200.0], [5.0], tokens_per_s=500.0)
-    on = _figures("on", [100.0, 150.0], [10.0], tokens_per_s=490.0)
+def test_the_table_shows_each_mode_and_the_change_of_its_float_figures() -> None:
+    off = _figures("off", [100.0, 200.0], [5.0], tokens_per_s=500.0) | {"caught": 3, "stall_s": 0.5}
+    on = _figures("on", [100.0, 150.0], [10.0], tokens_per_s=490.0) | {"caught": 2, "stall_s": 0.25}
     text = table(
         {"on": on, "off": off},
         [
@@ -125,7 +128,10 @@ def test_the_table_shows_each_mode_and_the_change() -> None:
             ("tokens", "tokens_per_s", "{:.1f}"),
             ("turns", None, ""),
             ("spans", "storm_span_s", "{:.0f}"),
+            ("caught", "caught", "{:d}"),
+            ("stall", "stall_s", "{:.2f}"),
         ],
+        without_change=("stall_s",),
     )
     lines = text.splitlines()
     assert lines[0] == "| | off | on | on vs off |"
@@ -133,3 +139,6 @@ def test_the_table_shows_each_mode_and_the_change() -> None:
     assert lines[3] == "| tokens | 500.0 | 490.0 | -2.0% |"
     assert lines[4] == "| turns | 2 / 1 | 2 / 1 |  |"
     assert lines[5] == "| spans | 100, 200 | 100, 200 |  |"
+    assert lines[6] == "| caught | 3 | 2 |  |"  # a count: no relative change
+    assert lines[7] == "| stall | 0.50 | 0.25 |  |"
+    assert table({"on": on}, [("tokens", "tokens_per_s", "{:.1f}")]).splitlines()[2] == "| tokens | 490.0 |"

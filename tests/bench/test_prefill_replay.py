@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 import pytest
 
-from rolloutgate.bench.prefill_replay import ROWS, compare, measure, pool_runs, prefill_config
 from rolloutgate.bench.prefill_measure import table
+from rolloutgate.bench.prefill_replay import ROWS, compare, measure, pool_runs, prefill_config
 from rolloutgate.bench.replay_scenario import ReplayConfig
 
 pytestmark = pytest.mark.filterwarnings(

@@ -186,9 +186,13 @@ def pool(
 Row = tuple[str, str | None, str]
 
 
-def table(figures: Mapping[str, Mapping[str, Any]], rows: Sequence[Row]) -> str:
-    """A markdown table, one column per mode (`MODES` order), and the change from off to on where both ran.
-    A row's key None is the turns completed / failed; a list figure is printed as its values."""
+def table(
+    figures: Mapping[str, Mapping[str, Any]], rows: Sequence[Row], *, without_change: Iterable[str] = ()
+) -> str:
+    """A markdown table, one column per mode (`MODES` order), and the relative change from off to on of every
+    float figure where both ran, except those named in `without_change`. A row's key None is the turns
+    completed / failed; a list figure is printed as its values."""
+    unchanged = set(without_change)
     modes = [m for m in MODES if m in figures]
     both = len(modes) == 2
     lines = ["| | " + " | ".join(modes) + (" | on vs off |" if both else " |")]
@@ -207,16 +211,16 @@ def table(figures: Mapping[str, Mapping[str, Any]], rows: Sequence[Row]) -> str:
                 value = f.get(key, math.nan)
                 cells.append("-" if value is None or value != value else fmt.format(value))
         if both:
-            off, on = (figures[m].get(key) if key else None for m in modes)
+            off, on = (figures[m].get(key) if key and key not in unchanged else None for m in modes)
             cells.append(_change(off, on))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def _change(off: Any, on: Any) -> str:
-    """The relative change from `off` to `on`, when both are finite numbers and `off` is not 0."""
-    numbers = (int, float)
-    if not (isinstance(off, numbers) and isinstance(on, numbers)) or isinstance(off, bool) or not off:
+    """The relative change from `off` to `on`, when both are finite floats and `off` is not 0 (counts get
+    none)."""
+    if not (isinstance(off, float) and isinstance(on, float)) or not off:
         return ""
     if not (math.isfinite(off) and math.isfinite(on)):
         return ""

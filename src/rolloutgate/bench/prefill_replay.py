@@ -1,7 +1,8 @@
 """Prefill-aware admission, off and on, side by side in the incident replay (docs/prefill.md).
 
-    python -m rolloutgate.bench.prefill_replay [--seeds 0,1,2,3] [--time-scale 24] [--out out/prefill-replay]
     make prefill-compare
+    python -m rolloutgate.bench.prefill_replay [--seeds 0,1,2,3,4,5,6] [--time-scale 24] [--one-at-a-time]
+                                               [--out out/prefill-replay] [--remeasure]
 
 Theory of operation
 -------------------
@@ -22,7 +23,8 @@ percentiles over all the runs' generations and turns, counts summed, the rest av
   frozen engine when it froze or was sent there after (it runs again elsewhere, after up to `stall_timeout` and
   a whole lost decode). Which turns the freeze catches depends on where the sessions happen to be, which
   placement changes: this row separates that chance from admission's doing. The headline p99 is the plain one;
-- warm turns' time to first token (medium and long turns: a session's next turn), the storms' spans;
+- warm turns' time to first token (medium and long turns: a session's next turn; those caught by the freeze
+  aside), the storms' spans;
 - the replay's own engine-time verdicts (bench/replay.py `verdicts`), per run;
 - the largest event-loop stall of each run: at a high time scale on a busy machine a late loop distorts the run
   (docs/replay.md, fidelity); a run whose loop fell behind by more than half of `stall_timeout` is flagged.
@@ -83,11 +85,19 @@ ROWS: tuple[Row, ...] = (
     ("turn latency p99 without the turns caught by the freeze (s)", "turn_latency_p99_unfrozen_s", "{:.0f}"),
     ("turns caught by the freeze", "turns_caught_by_freeze", "{:d}"),
     ("engine-seconds lost to the frozen engine (per run)", "lost_to_fault_engine_seconds", "{:,.0f}"),
-    ("warm turns: time to first token p99 (s)", "warm_turn_ttft_p99_s", "{:.1f}"),
+    ("warm turns not caught by the freeze: time to first token p99 (s)", "warm_turn_ttft_p99_s", "{:.1f}"),
     ("storm spans: arrival to last first token (s per run)", "storm_span_s", "{:.0f}"),
     ("replay verdicts held (runs with all engine-time verdicts)", "verdicts_held", ""),
+    (
+        "  caught by the freeze, moved, still decoding elsewhere at the end",
+        "caught_decoding_elsewhere_at_end",
+        "{:d}",
+    ),
     ("largest event-loop stall (real s)", "loop_stall_max_real_s", "{:.2f}"),
 )
+
+
+WITHOUT_CHANGE = ("loop_stall_max_real_s",)  # a run's fidelity, not a figure of admission
 
 
 def prefill_config(config: ReplayConfig, seed: int, mode: str) -> ReplayConfig:
@@ -128,6 +138,11 @@ def _caught_by_freeze(records: dict[str, Any], run_end: float) -> set[str]:
     }
 
 
+def _frozen_engine(records: dict[str, Any]) -> int | None:
+    freeze = next((e for e in records["events"] if e["kind"] == "freeze"), None)
+    return None if freeze is None else int(freeze["engine"])
+
+
 def measure(records: dict[str, Any]) -> dict[str, Any]:
     """The figures of one run (one seed, one mode) from its replay records (`record_token_times` on)."""
     config = ReplayConfig.from_json(records["config"])
@@ -158,10 +173,11 @@ def measure(records: dict[str, Any]) -> dict[str, Any]:
     is_caught = {t["tag"]: request_of.get(t["tag"]) in caught for t in records["turns"]}
     latencies = sorted(t["ended_at"] - t["started_at"] for t in done)
     unfrozen = sorted(t["ended_at"] - t["started_at"] for t in done if not is_caught[t["tag"]])
-    warm_ttft = sorted(
+    warm_ttft = sorted(  # a caught turn's first token is its second attempt's: the freeze's doing
         first - t["started_at"]
         for t in done
         if t["kind"] in ("medium", "long")
+        and not is_caught[t["tag"]]
         and (r := request_of.get(t["tag"])) in by_request
         and (first := by_request[r].first_token_at) is not None
     )
@@ -183,6 +199,14 @@ def measure(records: dict[str, Any]) -> dict[str, Any]:
         "turns_completed": len(done),
         "turns_failed": sum(1 for t in records["turns"] if t["ok"] is False),
         "turns_caught_by_freeze": sum(1 for t in records["turns"] if is_caught[t["tag"]]),
+        "caught_decoding_elsewhere_at_end": sum(
+            1
+            for r in caught
+            if r in by_request
+            and by_request[r].engine != _frozen_engine(records)
+            and by_request[r].first_token_at is not None
+            and by_request[r].ended_at >= run_end
+        ),
         "lost_to_fault_engine_seconds": float(replay["lost_to_fault_engine_seconds"]),
         "warm_turn_ttft_p99_s": percentile(warm_ttft, 0.99),
         "storm_span_s": [round(end - at, 1) for at, end in spans],
@@ -244,7 +268,7 @@ async def compare(
                 figures = measure(records[job.label].to_json())
                 per_mode[figures["mode"]].append(figures)
         log(f"seed {seed} done in {time.perf_counter() - started:.0f} s")
-        log(table({m: per_mode[m][-1] for m in MODES}, ROWS))
+        log(table({m: per_mode[m][-1] for m in MODES}, ROWS, without_change=WITHOUT_CHANGE))
     return per_mode
 
 
@@ -264,12 +288,38 @@ def _disturbed(per_mode: dict[str, list[dict[str, Any]]]) -> list[str]:
     return [f"seed {f['seed']} {f['mode']}" for runs in per_mode.values() for f in runs if f["is_disturbed"]]
 
 
+def remeasure(out_dir: Path, seeds: list[int]) -> dict[str, list[dict[str, Any]]]:
+    """The figures of runs recorded earlier in `out_dir` (records-seed<N>-<mode>.json), by mode."""
+    per_mode: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    for seed in seeds:
+        for mode in MODES:
+            path = out_dir / f"records-seed{seed}-{mode}.json"
+            per_mode[mode].append(measure(orjson.loads(path.read_bytes())))
+    return per_mode
+
+
+def _per_seed_lines(per_mode: dict[str, list[dict[str, Any]]]) -> str:
+    return "\n".join(
+        f"seed {off['seed']}: tokens/s {off['tokens_per_s']:.1f} -> {on['tokens_per_s']:.1f}, "
+        f"p99 {off['turn_latency_p99_s']:.0f} -> {on['turn_latency_p99_s']:.0f} s "
+        f"(not caught by the freeze {off['turn_latency_p99_unfrozen_s']:.0f} -> "
+        f"{on['turn_latency_p99_unfrozen_s']:.0f} s), "
+        f"p50 {off['turn_latency_p50_s']:.0f} -> {on['turn_latency_p50_s']:.0f} s, "
+        f"decode rate during storms {off['colocated_decode_rate_mean']:.1f} -> "
+        f"{on['colocated_decode_rate_mean']:.1f} tok/s, "
+        f"caught by the freeze {off['turns_caught_by_freeze']} -> {on['turns_caught_by_freeze']}"
+        for off, on in zip(per_mode["off"], per_mode["on"], strict=True)
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     defaults = ReplayConfig()
     parser = argparse.ArgumentParser(
         prog="python -m rolloutgate.bench.prefill_replay", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--seeds", default="0,1,2,3", help="workload seeds, comma-separated (pooled)")
+    parser.add_argument(
+        "--seeds", default="0,1,2,3,4,5,6", help="workload seeds, comma-separated (pooled; default 7 seeds)"
+    )
     parser.add_argument("--time-scale", type=float, default=defaults.time_scale)
     parser.add_argument("--agents", type=int, default=defaults.agents)
     parser.add_argument("--duration", type=float, default=defaults.duration_s, help="simulated seconds")
@@ -278,6 +328,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run off and on one after the other (default: together, one process each)",
     )
+    parser.add_argument(
+        "--remeasure",
+        action="store_true",
+        help="run nothing: measure again the runs recorded in --out for --seeds",
+    )
     parser.add_argument("--out", type=Path, default=Path("out/prefill-replay"))
     args = parser.parse_args(argv)
     logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
@@ -285,22 +340,22 @@ def main(argv: list[str] | None = None) -> int:
     if not seeds:
         parser.error("--seeds needs at least one seed")
     config = replace(defaults, time_scale=args.time_scale, agents=args.agents, duration_s=args.duration)
+    summary_path = args.out / "prefill_replay.json"
     started = time.perf_counter()
-    per_mode = asyncio.run(
-        compare(config, seeds, args.out, together=not args.one_at_a_time, log=lambda s: print(s, flush=True))
-    )
-    wall_s = time.perf_counter() - started
+    if args.remeasure:
+        per_mode = remeasure(args.out, seeds)
+        earlier = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        wall_s = float(earlier.get("wall_s") or 0.0)
+        config = ReplayConfig.from_json(earlier["config"]) if "config" in earlier else config
+        together = bool(earlier.get("together", True))
+    else:
+        log = lambda line: print(line, flush=True)  # noqa: E731
+        per_mode = asyncio.run(compare(config, seeds, args.out, together=not args.one_at_a_time, log=log))
+        wall_s = time.perf_counter() - started
+        together = not args.one_at_a_time
     figures = {m: pool_runs(per_mode[m]) for m in MODES}
-    text = table(figures, ROWS)
-    per_seed = "\n".join(
-        f"seed {off['seed']}: tokens/s {off['tokens_per_s']:.1f} -> {on['tokens_per_s']:.1f}, "
-        f"p99 {off['turn_latency_p99_s']:.0f} -> {on['turn_latency_p99_s']:.0f} s, "
-        f"p50 {off['turn_latency_p50_s']:.0f} -> {on['turn_latency_p50_s']:.0f} s, "
-        f"decode rate during storms {off['colocated_decode_rate_mean']:.1f} -> "
-        f"{on['colocated_decode_rate_mean']:.1f} tok/s, "
-        f"caught by the freeze {off['turns_caught_by_freeze']} -> {on['turns_caught_by_freeze']}"
-        for off, on in zip(per_mode["off"], per_mode["on"], strict=True)
-    )
+    text = table(figures, ROWS, without_change=WITHOUT_CHANGE)
+    per_seed = _per_seed_lines(per_mode)
     print(f"\n{len(seeds)} seed(s) pooled, {wall_s:.0f} s of real time\n\n{text}\n\n{per_seed}")
     disturbed = _disturbed(per_mode)
     if disturbed:
@@ -312,13 +367,13 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "config": config.to_json(),
         "seeds": seeds,
-        "together": not args.one_at_a_time,
+        "together": together,
         "wall_s": round(wall_s, 1),
         "figures": {m: _strip(f) for m, f in figures.items()},
         "per_seed": {m: [_strip(f) for f in runs] for m, runs in per_mode.items()},
         "disturbed": disturbed,
     }
-    (args.out / "prefill_replay.json").write_text(json.dumps(_finite(result), indent=2))
+    summary_path.write_text(json.dumps(_finite(result), indent=2))
     (args.out / "prefill_replay.md").write_text(text + "\n\n" + per_seed + "\n")
     return 0
 
