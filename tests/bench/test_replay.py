@@ -115,3 +115,42 @@ def test_replay_writes_json_and_figure(replayed: tuple[ReplayResult, Path]) -> N
     for mode in ("engine", "wallclock"):
         records = orjson.loads((out / f"records-{mode}.json").read_bytes())
         assert records["generations"] and records["attempts"] and records["turns"]
+
+
+def test_a_request_moved_off_the_frozen_engine_and_still_running_at_the_end_is_not_lost() -> None:
+    from rolloutgate.bench.replay_measure import GenerationView, _frozen_requests
+
+    def view(request_id: str, engine: int, end_at: float, outcome: str) -> GenerationView:
+        return GenerationView(
+            record={"engine": engine},
+            request_id=request_id,
+            attempt=0,
+            end_at=end_at,
+            engine_seconds=1.0,
+            outcome=outcome,
+            killed_at=None,
+        )
+
+    records = {
+        "events": [{"kind": "freeze", "engine": 0, "at": 100.0}],
+        "engine_urls": ["http://e0", "http://e1"],
+    }
+    views = [
+        view("done", 0, 200.0, "fault"),  # caught by the freeze, then answered by e1
+        view("done", 1, 300.0, "delivered"),
+        view("moving", 0, 200.0, "fault"),  # caught, moved to e1, still decoding when the run stopped
+        view("moving", 1, 900.0, "in_progress"),
+    ]
+    joined = {
+        "ends": {"done": {"engine_url": "http://e1", "ok": True}},
+        "killed_at": {},
+        "answered": {"done"},
+    }
+    frozen = _frozen_requests(views, records, joined)
+    assert frozen == {
+        "caught": 2,
+        "answered": 1,
+        "answered_by_other_engines": 1,
+        "still_running_elsewhere_at_end": 1,
+        "failed": 0,
+    }

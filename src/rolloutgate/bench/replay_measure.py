@@ -287,10 +287,20 @@ def _frozen_requests(
     }
     answered = [r for r in caught if r in joined["answered"]]
     elsewhere = [r for r in answered if (ends[r]["engine_url"] or "") != urls[engine]]
+    # A request moved off the frozen engine may still be decoding elsewhere when the run stops: moved, not lost.
+    moving = {
+        v.request_id
+        for v in views
+        if v.request_id in caught
+        and v.request_id not in ends
+        and v.outcome == "in_progress"
+        and v.record["engine"] != engine
+    }
     return {
         "caught": len(caught),
         "answered": len(answered),
         "answered_by_other_engines": len(elsewhere),
+        "still_running_elsewhere_at_end": len(moving),
         "failed": sum(1 for r in caught if r in ends and not ends[r]["ok"]),
     }
 

@@ -35,7 +35,9 @@ def _frozen(f: dict[str, Any]) -> str:
     r = f["frozen_engine_requests"]
     if not r:
         return "-"
-    return f"{r['answered_by_other_engines']}/{r['caught']} answered elsewhere, {r['failed']} failed"
+    moving = r.get("still_running_elsewhere_at_end", 0)
+    running = f", {moving} still running elsewhere at the end" if moving else ""
+    return f"{r['answered_by_other_engines']}/{r['caught']} answered elsewhere{running}, {r['failed']} failed"
 
 
 def _chains(f: dict[str, Any]) -> str:
