@@ -8,6 +8,7 @@ import aiohttp
 import pytest
 
 from .fakes import FakeEngine
+from .scripted import ScriptedServer
 
 
 @pytest.fixture
@@ -22,3 +23,11 @@ async def fake() -> AsyncIterator[FakeEngine]:
     await engine.start()
     yield engine
     await engine.close()
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[ScriptedServer]:
+    scripted = ScriptedServer()
+    await scripted.start()
+    yield scripted
+    await scripted.close()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import httpx
+import orjson
 import pytest
 
 from tests.server.conftest import MakeCluster, MakeGateway
@@ -79,6 +81,16 @@ async def test_oversized_body_gets_413(
     big = {"model": "m", "messages": [{"role": "user", "content": "x" * 10_000}]}
     response = await http.post(f"{gateway.url}/v1/chat/completions", json=big)
     assert_openai_error(response, 413)
+
+    async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: the size is known only by reading
+        body = orjson.dumps(big)
+        for start in range(0, len(body), 1000):
+            yield body[start : start + 1000]
+
+    streamed = await http.post(
+        f"{gateway.url}/v1/chat/completions", content=chunked(), headers={"Content-Type": "application/json"}
+    )
+    assert_openai_error(streamed, 413)
 
 
 @pytest.mark.parametrize(

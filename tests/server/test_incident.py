@@ -99,8 +99,11 @@ async def test_requests_on_a_frozen_engine_finish_on_another(
         asyncio.create_task(http.post(f"{gateway.url}/v1/chat/completions", json=body)) for _ in range(8)
     ]
     frozen = cluster.engines[0]
-    while frozen.running_count == 0:  # let work start on both engines, then freeze one
+    for _ in range(2000):  # let work start on both engines (bounded: 10 s), then freeze one
+        if frozen.running_count:
+            break
         await asyncio.sleep(0.005)
+    assert frozen.running_count, "no request started on the engine to freeze"
     frozen.set_fault(Fault(kind="freeze"))
     responses = await asyncio.gather(*tasks)
     assert [r.status_code for r in responses] == [200] * 8

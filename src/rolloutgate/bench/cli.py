@@ -238,6 +238,7 @@ def _throughput(args: argparse.Namespace, use_wrk: bool, router_python: Path | N
 
 
 def _inflight(args: argparse.Namespace, router_python: Path | None) -> dict[str, Any]:
+    perf_inflight.raise_fd_limit(2 * args.inflight_streams + 1000)
     limit = perf_inflight.max_streams_for_fd_limit()
     high = min(args.inflight_streams, limit)
     counts = sorted({max(1, high // 2), high})
@@ -329,4 +330,34 @@ def _profile(args: argparse.Namespace, use_wrk: bool, out_dir: Path) -> dict[str
         if gateway is not None:
             gateway.stop()
         sim.stop()
+    summaries["rl"] = _profile_rl(args, out_dir)
     return summaries
+
+
+def _profile_rl(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
+    """py-spy on the gateway under the RL load (non-streaming clients, progress every N tokens)."""
+    every = args.rl_progress_every[0]
+    raw_path = out_dir / "profile-rl.raw"
+    result = perf_rl.run_rl(
+        every,
+        server_cpu=args.server_cpu,
+        client_cpu=args.client_cpu,
+        warmup_s=min(args.rl_warmup, 15.0),
+        window_s=args.profile_duration,
+        log=_log,
+        profile_out=raw_path,
+    )
+    summary = perf_profile.summarize(raw_path.read_text() if raw_path.exists() else "")
+    text = summary.render(
+        f"rolloutgate, RL load, progress every {every} tokens, {result.tokens_per_s:,.0f} tok/s, "
+        f"{result.cpu_s_per_million_tokens:.2f} CPU-s per million tokens (py-spy attached)"
+    )
+    (out_dir / "profile-rl.md").write_text(text + "\n")
+    print(text)
+    return {
+        "tokens_per_s": result.tokens_per_s,
+        "cpu_s_per_million_tokens": result.cpu_s_per_million_tokens,
+        "samples": summary.samples,
+        "self_top": summary.self_top,
+        "inclusive_top": summary.inclusive_top,
+    }

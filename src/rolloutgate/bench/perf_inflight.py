@@ -8,8 +8,10 @@ has delivered its first bytes, and holds them. The gateway's RSS is sampled whil
 engine's running count confirms they are in flight upstream.
 
 File descriptors: each stream costs the gateway two sockets (client and upstream), so a process limit of
-20,000 descriptors caps the count at about 9,900. The run measures at the largest count the limit allows
-(and half of it), and extrapolates linearly to the goal's count when the limit is below it.
+20,000 descriptors caps the count at about 9,900. The bench raises its limit first where it may (as root;
+the servers and the load generator inherit it) and measures at the goal's count and half of it; where the
+limit stays below, it measures at the largest count the limit allows (and half of it) and extrapolates
+linearly to the goal's count.
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ from typing import Any
 
 from rolloutgate.bench.perf_procs import ManagedProcess, pin_prefix, rss_bytes
 
-__all__ = ("SLOW_ENGINE_FLAGS", "InflightResult", "max_streams_for_fd_limit", "measure_inflight")
+__all__ = (
+    "SLOW_ENGINE_FLAGS",
+    "InflightResult",
+    "max_streams_for_fd_limit",
+    "measure_inflight",
+    "raise_fd_limit",
+)
 
 DECODE_S = 10.0  # one token per stream every 10 s: few events, below the gateway's health-check timeout
 
@@ -70,6 +78,22 @@ class InflightResult:
             "rss_mb": round(self.rss_bytes / 1e6, 1),
             "per_stream_kb": round(self.per_stream_bytes / 1e3, 2),
         }
+
+
+def raise_fd_limit(wanted: int) -> int:
+    """Raise this process's descriptor limit (soft, and hard where permitted: root) to `wanted`, so the
+    servers and load generator it starts (they inherit it) can hold that many sockets. Returns the soft
+    limit now in force; unchanged where raising is not permitted."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= wanted:
+        return soft
+    for limits in ((wanted, max(hard, wanted)), (min(wanted, hard), hard)):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+            return limits[0]
+        except (ValueError, OSError):
+            continue
+    return soft
 
 
 def max_streams_for_fd_limit(reserve: int = 150) -> int:

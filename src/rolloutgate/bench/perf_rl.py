@@ -21,9 +21,11 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rolloutgate.bench.perf_procs import ManagedProcess, cpu_seconds, pin_prefix, start_gateway, start_sim
+from rolloutgate.bench.perf_profile import record
 
 __all__ = ("RlResult", "run_rl")
 
@@ -110,7 +112,10 @@ def run_rl(
     window_s: float = 20.0,
     lengths: str = "512:1536",
     log: Any = print,
+    profile_out: Path | None = None,
 ) -> RlResult:
+    """One RL-load run (module docstring). `profile_out`: also record py-spy's raw samples of the gateway
+    during the window there (perf_profile.record)."""
     sim = start_sim(client_cpu, engines=ENGINES, profile="incident", overrides=rl_engine_flags())
     gateway: ManagedProcess | None = None
     loadgen: subprocess.Popen[str] | None = None
@@ -158,6 +163,7 @@ def run_rl(
             cpu_seconds(sim.pid),
         )
         began = time.monotonic()
+        recorder = None if profile_out is None else record(gateway.pid, profile_out, duration_s=window_s)
         time.sleep(window_s)
         tokens_after, gw_after, sim_after = (
             _generated_tokens(sim.extra_urls),
@@ -165,6 +171,8 @@ def run_rl(
             cpu_seconds(sim.pid),
         )
         elapsed = time.monotonic() - began
+        if recorder is not None:
+            recorder.wait(timeout=window_s + 60)
         stdout, _ = loadgen.communicate(timeout=600)
         figures = json.loads(stdout.strip().splitlines()[-1])
     finally:

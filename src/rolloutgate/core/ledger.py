@@ -30,7 +30,7 @@ from rolloutgate.core.gate import Gate
 from rolloutgate.core.liveness import prefill_allowance_s
 from rolloutgate.core.placement import make_policy
 from rolloutgate.core.request_clock import ChargeClass, ChargeMeter
-from rolloutgate.core.request_record import FRONT_TIER, RequestRecord
+from rolloutgate.core.request_record import FRONT_TIER, NO_ENGINES, RequestRecord
 from rolloutgate.core.request_state import RequestState
 from rolloutgate.core.session_table import SessionTable
 from rolloutgate.core.timer_heap import TimerHeap
@@ -126,7 +126,7 @@ class GatewayLedger:
         r.move_to(RequestState.DISPATCHED)
         r.engine = engine
         r.attempt += 1
-        r.avoid_engines = frozenset()
+        r.avoid_engines = NO_ENGINES
         self._sessions.record(r.routing_key, engine.engine_id, r.prompt_tokens)
         if self._is_engine_mode:
             self._arm_request(r, engine)

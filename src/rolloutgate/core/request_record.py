@@ -22,9 +22,11 @@ from rolloutgate.core.wait_queue import SortKey
 if TYPE_CHECKING:
     from rolloutgate.core.engine_record import EngineRecord
 
-__all__ = ("FRESH_TIER", "FRONT_TIER", "RequestRecord")
+__all__ = ("FRESH_TIER", "FRONT_TIER", "NO_ENGINES", "RequestRecord")
 
 FRONT_TIER = 0  # put back at the queue front (re-queued)
+# one shared empty set: an empty frozenset() is a new 216-byte object each time, held by every request
+NO_ENGINES: frozenset[str] = frozenset()
 FRESH_TIER = 1
 
 
@@ -79,7 +81,7 @@ class RequestRecord:
         self.is_in_prefill = False
         self.is_large_prefill = False
         self.is_disconnected = False
-        self.avoid_engines: frozenset[str] = frozenset()
+        self.avoid_engines: frozenset[str] = NO_ENGINES
 
     @property
     def sort_key(self) -> SortKey:

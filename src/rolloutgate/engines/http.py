@@ -17,11 +17,10 @@ Theory of operation:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import re
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +39,10 @@ __all__ = (
     "DONE",
     "JSON_HEADERS",
     "ControlTimeouts",
+    "SseEvents",
     "SseParser",
     "check_json_object",
+    "drain_after_done",
     "fetch_models",
     "get_json",
     "get_text",
@@ -120,22 +121,26 @@ class SseParser:
             chunk = self._normalize_line_ends(chunk)
         if not chunk:
             return []
-        if chunk.find(b"\n") < 0:
+        first = chunk.find(b"\n")
+        if first < 0:
             self._parts.append(chunk)
             return []
+        size = len(chunk)
         if self._parts:
             self._parts.append(chunk)
             chunk = b"".join(self._parts)
             self._parts.clear()
+            first = chunk.find(b"\n")  # a leftover may hold a line end of its own
+            size = len(chunk)
+        elif first == size - 2 and chunk[-1] == 0x0A and chunk.startswith(b"data: "):
+            return [chunk[6:first]]  # the usual read: exactly one single-line event
         events: list[bytes] = []
         start = scan = 0
-        size = len(chunk)
-        while True:
-            end = chunk.find(b"\n", scan)
-            if end < 0 or end + 1 >= size:
-                break  # no line end, or one whose next byte is still to come
+        end = first
+        while end >= 0 and end + 1 < size:  # else: no line end, or one whose next byte is still to come
             if chunk[end + 1] != 0x0A:
                 scan = end + 1  # a line end inside a multi-line event
+                end = chunk.find(b"\n", scan)
                 continue
             if scan == start and chunk.startswith(b"data: ", start):
                 events.append(chunk[start + 6 : end])  # the common case: one `data: ` line
@@ -144,6 +149,7 @@ class SseParser:
                 if data is not None:
                     events.append(data)
             start = scan = end + 2
+            end = chunk.find(b"\n", scan)
         if start < size:
             self._parts.append(chunk[start:] if start else chunk)
         return events
@@ -173,28 +179,60 @@ def _event_data(block: bytes) -> bytes | None:
     return b"\n".join(lines) if lines else None
 
 
-async def iter_sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    """Yield each event's data from an SSE response until `[DONE]`.
+class SseEvents:
+    """The events of an SSE response, read in batches: `await next_batch()` returns the events one read of
+    the body completed (at least one), or `[]` once the stream has ended with `[DONE]` (what follows it is
+    drained, so the connection can be reused).
 
     Raises UpstreamError (retryable) if the body ends without `[DONE]`: a stream cut short must not pass for
-    a complete answer. aiohttp errors propagate (callers run inside `map_exceptions`).
+    a complete answer. Transport errors propagate (callers run inside `map_exceptions`).
+
+    Why batches: an adapter loops over them with one `await` per socket read, instead of an async iterator
+    per layer (bytes, then events): at RL scale every event is a read of its own, and each layer of async
+    iteration costs a frame switch per event (docs/benchmarks.md).
     """
-    parser = SseParser()
-    async for chunk in resp.content.iter_any():
-        for data in parser.feed(chunk):
-            if data == DONE:
-                await _drain(resp)
-                return
+
+    __slots__ = ("_is_done", "_parser", "_resp")
+
+    def __init__(self, resp: Any) -> None:
+        self._resp = resp  # an aiohttp.ClientResponse or an engines.upstream.UpstreamResponse
+        self._parser = SseParser()
+        self._is_done = False
+
+    async def next_batch(self) -> list[bytes]:
+        if self._is_done:
+            return []
+        content = self._resp.content
+        parser = self._parser
+        while True:
+            chunk = await content.readany()
+            if not chunk:
+                self._is_done = True
+                tail = parser.finish()
+                if tail == DONE:
+                    return []
+                if tail is not None:
+                    raise UpstreamError("the engine's stream ended inside an event", retryable=True)
+                raise UpstreamError("the engine's stream ended before [DONE]", retryable=True)
+            events = parser.feed(chunk)
+            if events:
+                break
+        if DONE in events:
+            self._is_done = True
+            await drain_after_done(self._resp)
+            return events[: events.index(DONE)]
+        return events
+
+
+async def iter_sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """Yield each event's data from an SSE response until `[DONE]` (SseEvents, one event at a time)."""
+    events = SseEvents(resp)
+    while batch := await events.next_batch():
+        for data in batch:
             yield data
-    tail = parser.finish()
-    if tail == DONE:
-        return
-    if tail is not None:
-        raise UpstreamError("the engine's stream ended inside an event", retryable=True)
-    raise UpstreamError("the engine's stream ended before [DONE]", retryable=True)
 
 
-async def _drain(resp: aiohttp.ClientResponse) -> None:
+async def drain_after_done(resp: Any) -> None:
     """Read what follows `[DONE]` (normally only the chunked-body terminator) so the connection is reused."""
     if resp.content.at_eof():
         return
@@ -290,38 +328,54 @@ async def raise_for_status(resp: aiohttp.ClientResponse, *, what: str) -> None:
         raise status_error(resp.status, body, what=what)
 
 
-@contextlib.contextmanager
-def map_exceptions(what: str) -> Iterator[None]:
+class map_exceptions:
     """Turn aiohttp, OS and JSON errors raised inside into UpstreamError; UpstreamError passes unchanged.
 
-    Cancellation (a BaseException) is never caught.
+    Cancellation (a BaseException) is never caught. A class, not a generator context manager: a generation
+    holds one for as long as it runs (every stream in flight), and this is a quarter of the size.
     """
-    try:
-        yield
-    except UpstreamError:
-        raise
-    except (aiohttp.ClientConnectorError, UpstreamConnectError) as exc:
-        raise UpstreamError(f"{what}: cannot connect: {exc}", retryable=True, unreachable=True) from exc
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, UpstreamDisconnected) as exc:
-        raise UpstreamError(f"{what}: connection lost mid-response: {exc}", retryable=True) from exc
-    except UpstreamProtocolError as exc:
-        raise UpstreamError(f"{what}: {exc}", retryable=True) from exc
-    except aiohttp.ClientResponseError as exc:
+
+    __slots__ = ("_what",)
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if exc is None or not isinstance(exc, Exception) or isinstance(exc, UpstreamError):
+            return  # nothing raised, cancellation, or already ours: it propagates as it is
+        error = _translate(self._what, exc)
+        if error is not None:
+            raise error from exc
+
+
+def _translate(what: str, exc: Exception) -> UpstreamError | None:
+    """The UpstreamError for an exception raised by a network call, or None to let it pass."""
+    if isinstance(exc, (aiohttp.ClientConnectorError, UpstreamConnectError)):
+        return UpstreamError(f"{what}: cannot connect: {exc}", retryable=True, unreachable=True)
+    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, UpstreamDisconnected)):
+        return UpstreamError(f"{what}: connection lost mid-response: {exc}", retryable=True)
+    if isinstance(exc, UpstreamProtocolError):
+        return UpstreamError(f"{what}: {exc}", retryable=True)
+    if isinstance(exc, aiohttp.ClientResponseError):
         if isinstance(exc.__cause__, aiohttp.http_exceptions.HttpProcessingError):
             # aiohttp reports an answer it cannot parse (a garbage status line or headers) as a 400 of the
             # engine's; the engine said nothing of the kind: it is broken, and another engine may do better.
-            raise UpstreamError(f"{what}: unreadable HTTP answer: {exc.message}", retryable=True) from exc
-        raise UpstreamError(
+            return UpstreamError(f"{what}: unreadable HTTP answer: {exc.message}", retryable=True)
+        return UpstreamError(
             f"{what}: HTTP {exc.status}: {exc.message}",
             retryable=_is_retryable_status(exc.status),
             status=exc.status or None,
-        ) from exc
-    except TimeoutError as exc:  # aiohttp's own timeouts subclass it too
-        raise UpstreamError(f"{what}: timed out", retryable=True) from exc
-    except (aiohttp.ClientError, OSError) as exc:
-        raise UpstreamError(f"{what}: {type(exc).__name__}: {exc}", retryable=True) from exc
-    except (orjson.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UpstreamError(f"{what}: unreadable answer: {exc}", retryable=True) from exc
+        )
+    if isinstance(exc, TimeoutError):  # aiohttp's own timeouts subclass it too
+        return UpstreamError(f"{what}: timed out", retryable=True)
+    if isinstance(exc, (aiohttp.ClientError, OSError)):
+        return UpstreamError(f"{what}: {type(exc).__name__}: {exc}", retryable=True)
+    if isinstance(exc, (orjson.JSONDecodeError, UnicodeDecodeError)):
+        return UpstreamError(f"{what}: unreadable answer: {exc}", retryable=True)
+    return None
 
 
 def post_generation(
@@ -344,10 +398,9 @@ def post_generation(
 
 
 def upstream_pool(url: str) -> UpstreamPool | None:
-    """A lean keep-alive pool for an adapter's generations, or None (aiohttp then) for a URL it cannot take,
-    unless `ROLLOUTGATE_LEAN_UPSTREAM=1`: against real vLLM the lean pool broke the e2e capacity and
-    disconnect tests (docs/benchmarks.md numbers were measured with it on), so aiohttp is the default."""
-    if os.environ.get("ROLLOUTGATE_LEAN_UPSTREAM", "0") != "1":
+    """A lean keep-alive pool for an adapter's generations (engines/upstream.py), or None (aiohttp then) for
+    a URL it cannot take or when `ROLLOUTGATE_LEAN_UPSTREAM=0` turns it off."""
+    if os.environ.get("ROLLOUTGATE_LEAN_UPSTREAM", "1") == "0":
         return None
     try:
         return UpstreamPool(url)

@@ -8,29 +8,27 @@ runs as one non-streamed request and yields a single `is_whole_body` event.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any
 
 import aiohttp
 import orjson
 
 from rolloutgate.engines.base import AssemblyHint, UpstreamError, UpstreamEvent
-from rolloutgate.engines.http import (
-    ControlTimeouts,
-    check_json_object,
-    is_error_frame,
-    iter_sse_data,
-    map_exceptions,
-    post_generation,
-    raise_for_error_frame,
-    raise_for_status,
+from rolloutgate.engines.generation import (
+    EventSink,
+    OpenAIDecoder,
+    pull_generation,
+    push_generation,
+    whole_body_event,
 )
-from rolloutgate.engines.progress import ChunkCounter, whole_body_tokens
+from rolloutgate.engines.http import ControlTimeouts
 from rolloutgate.engines.upstream import UpstreamPool
 
 __all__ = (
     "client_wants_usage",
     "generate_unsupported",
+    "push_openai_call",
     "run_openai_call",
     "streaming_body",
     "whole_body_event",
@@ -53,7 +51,7 @@ def streaming_body(body: Mapping[str, Any]) -> dict[str, Any]:
     return rewritten
 
 
-async def run_openai_call(
+def run_openai_call(
     session: aiohttp.ClientSession,
     url: str,
     body: Mapping[str, Any],
@@ -70,70 +68,40 @@ async def run_openai_call(
     streams. Closing the iterator early closes the upstream connection (vLLM aborts the request on that).
     `upstream`: the engine's lean keep-alive pool (engines/upstream.py); aiohttp's `session` without one.
     """
-    what = f"POST {url}"
-    with map_exceptions(what):
-        async with post_generation(
-            session, upstream, url, orjson.dumps(body), headers=headers, timeouts=timeouts
-        ) as resp:
-            await raise_for_status(resp, what=what)
-            if resp.content_type != "text/event-stream":
-                yield whole_body_event(await resp.read(), hint=hint)
-                return
-            completed = False
-            try:
-                counter = ChunkCounter()
-                async for data in iter_sse_data(resp):
-                    check_json_object(data)
-                    if is_error_frame(data):
-                        raise_for_error_frame(data)
-                    tokens, is_usage, finish = counter.observe(data)
-                    yield UpstreamEvent(
-                        data=data,
-                        tokens=tokens,
-                        is_gateway_only=is_usage and not wants_usage,
-                        finish_reason=finish,
-                        assembly=hint,
-                    )
-                completed = True
-            finally:
-                if not completed:
-                    resp.close()  # never reuse a half-read connection; closing it is vLLM's abort
-
-
-def whole_body_event(body: bytes, *, hint: AssemblyHint) -> UpstreamEvent:
-    """The single event of a non-streamed answer. Raises UpstreamError for an unreadable body or an error
-    object (some servers answer errors with HTTP 200)."""
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise UpstreamError(
-            f"the engine's answer is not JSON: {exc}", retryable=True, body=body[:4096]
-        ) from exc
-    if isinstance(parsed, dict) and "error" in parsed and is_error_frame(body.lstrip()):
-        raise_for_error_frame(body.lstrip())
-    return UpstreamEvent(
-        data=body,
-        tokens=whole_body_tokens(body),
-        is_whole_body=True,
-        finish_reason=_first_finish_reason(parsed),
-        assembly=hint,
-        _parsed=parsed,
+    return pull_generation(
+        session,
+        upstream,
+        url,
+        orjson.dumps(body),
+        headers=headers,
+        timeouts=timeouts,
+        decoder=OpenAIDecoder(hint, wants_usage=wants_usage),
     )
 
 
-def _first_finish_reason(parsed: Any) -> str | None:
-    item = parsed[0] if isinstance(parsed, list) and parsed else parsed
-    if not isinstance(item, dict):
-        return None
-    choices = item.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        reason = choices[0].get("finish_reason")
-        return reason if isinstance(reason, str) else None
-    meta = item.get("meta_info")
-    if isinstance(meta, dict) and isinstance(meta.get("finish_reason"), dict):
-        reason = meta["finish_reason"].get("type")
-        return reason if isinstance(reason, str) else None
-    return None
+def push_openai_call(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: Mapping[str, Any],
+    on_event: EventSink,
+    *,
+    headers: Mapping[str, str],
+    timeouts: ControlTimeouts,
+    hint: AssemblyHint,
+    wants_usage: bool,
+    upstream: UpstreamPool | None = None,
+) -> Awaitable[None]:
+    """`run_openai_call`, its events handed to `on_event` as they arrive (engines/generation.py)."""
+    return push_generation(
+        session,
+        upstream,
+        url,
+        orjson.dumps(body),
+        headers=headers,
+        timeouts=timeouts,
+        decoder=OpenAIDecoder(hint, wants_usage=wants_usage),
+        on_event=on_event,
+    )
 
 
 def generate_unsupported(family: str) -> AsyncIterator[UpstreamEvent]:

@@ -153,18 +153,26 @@ class CumulativeCounter:
     """Counts tokens in an SGLang `/generate` stream from `meta_info.completion_tokens` (cumulative per
     choice). A chunk without a readable count counts as one token."""
 
-    __slots__ = ("_seen",)
+    __slots__ = ("_first", "_others")
 
     def __init__(self) -> None:
-        self._seen: dict[int, int] = {}
+        self._first = 0  # choice 0, the only one of most streams (an int: no dict held per stream)
+        self._others: dict[int, int] | None = None  # batch and n>1 streams
 
     def tokens(self, data: bytes) -> int:
         total = _last_int(_COMPLETION_TOKENS, b'"completion_tokens"', data)
         if total is None:
             return 1
         index = index_of(data) or 0
-        before = self._seen.get(index, 0)
-        self._seen[index] = max(before, total)
+        if index == 0:
+            before = self._first
+            self._first = max(before, total)
+            return max(0, total - before)
+        others = self._others
+        if others is None:
+            others = self._others = {}
+        before = others.get(index, 0)
+        others[index] = max(before, total)
         return max(0, total - before)
 
 

@@ -22,7 +22,7 @@ Theory of operation (facts from reference/engines.md, section A):
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any
 
 import aiohttp
@@ -38,31 +38,29 @@ from rolloutgate.engines.base import (
     UpstreamError,
     UpstreamEvent,
 )
+from rolloutgate.engines.generation import (
+    EventSink,
+    GenerateDecoder,
+    pull_generation,
+    push_generation,
+)
 from rolloutgate.engines.http import (
     ControlTimeouts,
-    check_json_object,
     fetch_models,
     get_json,
     get_text,
-    is_error_frame,
     is_ok,
-    iter_sse_data,
-    map_exceptions,
     parse_prometheus,
     positive_int,
-    post_generation,
     post_json,
-    raise_for_error_frame,
-    raise_for_status,
     upstream_pool,
 )
 from rolloutgate.engines.openai_stream import (
     client_wants_usage,
+    push_openai_call,
     run_openai_call,
     streaming_body,
-    whole_body_event,
 )
-from rolloutgate.engines.progress import CumulativeCounter, last_finish_reason_of
 
 __all__ = ("SglangClient",)
 
@@ -99,67 +97,59 @@ class SglangClient:
 
     def generate(self, call: UpstreamCall) -> AsyncIterator[UpstreamEvent]:
         if call.route is Route.GENERATE:
-            return self._generate_native(call)
-        body = dict(call.body)
-        body["rid"] = call.request_id
-        if call.route is Route.CHAT and any(body.get(flag) for flag in _CHAT_NON_STREAMABLE):
-            # sent as the client sent it: non-streamed, or refused with the engine's own 400 if it streams
-            return run_openai_call(
+            return pull_generation(
                 self._session,
-                self.url + call.route.value,
-                body,
+                self._upstream,
+                self.url + Route.GENERATE.value,
+                orjson.dumps(generate_body(call)),
                 headers=call.headers,
                 timeouts=self._timeouts,
-                hint=self._hint,
-                wants_usage=client_wants_usage(body),
-                upstream=self._upstream,
+                decoder=GenerateDecoder(self._hint),
             )
+        body = self._openai_body(call)
         return run_openai_call(
             self._session,
             self.url + call.route.value,
-            streaming_body(body),
+            body,
             headers=call.headers,
             timeouts=self._timeouts,
             hint=self._hint,
-            wants_usage=client_wants_usage(body),
+            wants_usage=client_wants_usage(call.body),
             upstream=self._upstream,
         )
 
-    async def _generate_native(self, call: UpstreamCall) -> AsyncIterator[UpstreamEvent]:
-        body = generate_body(call)
-        url = self.url + Route.GENERATE.value
-        what = f"POST {url}"
-        hint = self._hint
-        with map_exceptions(what):
-            async with post_generation(
+    def stream_into(self, call: UpstreamCall, on_event: EventSink) -> Awaitable[None]:
+        """`generate`, each event handed to `on_event` as it arrives (engines/generation.py)."""
+        if call.route is Route.GENERATE:
+            return push_generation(
                 self._session,
                 self._upstream,
-                url,
-                orjson.dumps(body),
+                self.url + Route.GENERATE.value,
+                orjson.dumps(generate_body(call)),
                 headers=call.headers,
                 timeouts=self._timeouts,
-            ) as resp:
-                await raise_for_status(resp, what=what)
-                if resp.content_type != "text/event-stream":  # not streamed after all: the whole answer
-                    yield whole_body_event(await resp.read(), hint=hint)
-                    return
-                completed = False
-                try:
-                    counter = CumulativeCounter()
-                    async for data in iter_sse_data(resp):
-                        check_json_object(data)
-                        if is_error_frame(data):
-                            raise_for_error_frame(data)
-                        yield UpstreamEvent(
-                            data=data,
-                            tokens=counter.tokens(data),
-                            finish_reason=last_finish_reason_of(data),
-                            assembly=hint,
-                        )
-                    completed = True
-                finally:
-                    if not completed:
-                        resp.close()
+                decoder=GenerateDecoder(self._hint),
+                on_event=on_event,
+            )
+        body = self._openai_body(call)
+        return push_openai_call(
+            self._session,
+            self.url + call.route.value,
+            body,
+            on_event,
+            headers=call.headers,
+            timeouts=self._timeouts,
+            hint=self._hint,
+            wants_usage=client_wants_usage(call.body),
+            upstream=self._upstream,
+        )
+
+    def _openai_body(self, call: UpstreamCall) -> dict[str, Any]:
+        body = dict(call.body)
+        body["rid"] = call.request_id
+        if call.route is Route.CHAT and any(body.get(flag) for flag in _CHAT_NON_STREAMABLE):
+            return body  # sent as the client sent it: non-streamed, or refused with the engine's own 400
+        return streaming_body(body)
 
     async def abort(self, request_id: str) -> None:
         try:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import aiohttp
@@ -36,6 +36,7 @@ from rolloutgate.engines.base import (
     UpstreamError,
     UpstreamEvent,
 )
+from rolloutgate.engines.generation import EventSink, pull_into
 from rolloutgate.engines.http import (
     ControlTimeouts,
     fetch_models,
@@ -50,6 +51,7 @@ from rolloutgate.engines.http import (
 from rolloutgate.engines.openai_stream import (
     client_wants_usage,
     generate_unsupported,
+    push_openai_call,
     run_openai_call,
     streaming_body,
 )
@@ -99,6 +101,22 @@ class VllmClient:
             self._session,
             self.url + call.route.value,
             streaming_body(call.body),
+            headers={**call.headers, "X-Request-Id": call.request_id},
+            timeouts=self._timeouts,
+            hint=self._hint,
+            wants_usage=client_wants_usage(call.body),
+            upstream=self._upstream,
+        )
+
+    def stream_into(self, call: UpstreamCall, on_event: EventSink) -> Awaitable[None]:
+        """`generate`, each event handed to `on_event` as it arrives (engines/generation.py)."""
+        if call.route is Route.GENERATE:
+            return pull_into(generate_unsupported("vLLM"), on_event)
+        return push_openai_call(
+            self._session,
+            self.url + call.route.value,
+            streaming_body(call.body),
+            on_event,
             headers={**call.headers, "X-Request-Id": call.request_id},
             timeouts=self._timeouts,
             hint=self._hint,

@@ -54,25 +54,25 @@ _ANSWERED_WHILE_DRAINING = frozenset({"/health", "/metrics"})
 
 
 @web.middleware
-async def errors_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+async def gateway_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every route's one middleware (one coroutine frame per request, held for as long as a stream runs):
+    counts running handlers (what a graceful shutdown waits for) and, while draining, refuses new work; turns
+    errors into OpenAI JSON responses."""
+    ctx = request.app[CONTEXT]
     try:
-        return await handler(request)
+        if ctx.draining and request.path not in _ANSWERED_WHILE_DRAINING:
+            raise Unavailable("the gateway is shutting down; retry on another replica", retry_after_s=1)
+        ctx.active_requests += 1
+        try:
+            return await handler(request)
+        finally:
+            ctx.active_requests -= 1
     except GatewayError as error:
         if error.status < 500:
-            ctx = request.app.get(CONTEXT)
-            if ctx is not None:
-                ctx.metrics.bad_requests.labels(code=error.code).inc()
+            ctx.metrics.bad_requests.labels(code=error.code).inc()
         return web.Response(status=error.status, body=error.body(), headers=error.headers())
     except web.HTTPException as exc:
-        if exc.status == 413:
-            error = PayloadTooLarge(exc.text or "request body too large")
-        elif exc.status == 404:
-            error = NotFound(f"no route for {request.method} {request.path}")
-        elif exc.status < 400:
-            raise
-        else:
-            error = BadRequest(exc.reason, status=exc.status, code=exc.reason.lower().replace(" ", "_"))
-        return web.Response(status=error.status, body=error.body(), headers=error.headers())
+        return _http_exception_response(request, exc)
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except ValueError as exc:  # e.g. a malformed header value aiohttp refused to parse
@@ -84,17 +84,16 @@ async def errors_middleware(request: web.Request, handler: Any) -> web.StreamRes
         return web.Response(status=500, body=error.body(), headers=error.headers())
 
 
-@web.middleware
-async def shutdown_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Counts running handlers (what a graceful shutdown waits for); while draining, refuses new work."""
-    ctx = request.app[CONTEXT]
-    if ctx.draining and request.path not in _ANSWERED_WHILE_DRAINING:
-        raise Unavailable("the gateway is shutting down; retry on another replica", retry_after_s=1)
-    ctx.active_requests += 1
-    try:
-        return await handler(request)
-    finally:
-        ctx.active_requests -= 1
+def _http_exception_response(request: web.Request, exc: web.HTTPException) -> web.StreamResponse:
+    if exc.status == 413:
+        error: GatewayError = PayloadTooLarge(exc.text or "request body too large")
+    elif exc.status == 404:
+        error = NotFound(f"no route for {request.method} {request.path}")
+    elif exc.status < 400:
+        raise exc
+    else:
+        error = BadRequest(exc.reason, status=exc.status, code=exc.reason.lower().replace(" ", "_"))
+    return web.Response(status=error.status, body=error.body(), headers=error.headers())
 
 
 class _HttpErrorLog:
@@ -156,9 +155,7 @@ def _log_request(exchange: Exchange, outcome: Finished | GatewayError) -> None:
 
 
 def build_app(settings: GatewaySettings) -> web.Application:
-    app = web.Application(
-        client_max_size=settings.max_body_bytes, middlewares=[errors_middleware, shutdown_middleware]
-    )
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[gateway_middleware])
     clock = GatewayClock(settings.time_scale)
     metrics = Metrics()
     driver = Driver(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -93,11 +94,27 @@ def event_loop_factory():  # type: ignore[no-untyped-def]
     return uvloop.new_event_loop
 
 
+# The cyclic collector's first threshold. CPython's default (700 allocations) runs a young-generation
+# collection every few requests at load; the gateway makes few reference cycles (tracebacks of handled
+# errors, mostly), so collecting 70x less often costs little memory and saves CPU (docs/benchmarks.md).
+GC_THRESHOLDS = (50_000, 20, 50)
+
+
+def tune_gc() -> None:
+    """After start-up: move everything allocated so far (modules, the app, the engine pool) out of the
+    collector's sight (`gc.freeze`: it is never garbage, and each full collection would walk it again), and
+    collect young objects less often."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 async def _serve(settings: object) -> None:
     from rolloutgate.server.app import GatewayServer
 
     server = GatewayServer(settings)  # type: ignore[arg-type]
     url = await server.start()
+    tune_gc()
     logging.getLogger("rolloutgate").info("rolloutgate serving on %s", url)
     print(f"rolloutgate serving on {url}", flush=True)
     stop = asyncio.Event()

@@ -44,7 +44,8 @@ from rolloutgate.core.events import (
 )
 from rolloutgate.core.gateway import Gateway
 from rolloutgate.engines.assemble import ResponseAssembler
-from rolloutgate.engines.base import UpstreamCall, UpstreamError
+from rolloutgate.engines.base import UpstreamCall, UpstreamError, UpstreamEvent
+from rolloutgate.engines.generation import deliver
 from rolloutgate.errors import GatewayError, UpstreamFailure, from_fail_reason
 from rolloutgate.server.continuation import CannotContinue, continuation_body
 from rolloutgate.server.exchange import Exchange, Finished
@@ -141,6 +142,13 @@ class Driver:
         if commands:
             self._execute(commands)
         self._arm_timer()
+
+    def timing_header(self, request_id: str) -> str:
+        """The request's live timing breakdown as the `X-Rolloutgate-Timing` value; "" once it is unknown."""
+        try:
+            return self.core.timing(request_id, self.clock.now()).header_value()
+        except KeyError:
+            return ""
 
     def client_disconnected(self, exchange: Exchange) -> None:
         if not exchange.ended and exchange.request_id not in self._disconnected:
@@ -261,25 +269,9 @@ class Driver:
 
     async def _run_attempt(self, exchange: Exchange, client: Any, call: UpstreamCall, attempt: int) -> None:
         request_id = exchange.request_id
-        streams = exchange.client_streams
         engine_id = exchange.engine_id
         try:
-            async for event in client.generate(call):
-                if exchange.attempt != attempt or exchange.ended:
-                    return
-                self.handle(ProgressReported(request_id=request_id, tokens=event.tokens, attempt=attempt))
-                self.metrics.generated_tokens.inc(event.tokens)
-                if streams:
-                    if event.is_gateway_only:
-                        continue  # e.g. the usage frame the gateway asked for and the client did not
-                    exchange.delivered_tokens += event.tokens
-                    if event.assembly is not None and event.assembly.is_incremental_generate:
-                        exchange.cumulative = False
-                    stitcher = exchange.stitcher
-                    exchange.send_event(event.data if stitcher is None else stitcher.stitch(event.data))
-                else:
-                    assert exchange.assembler is not None
-                    exchange.assembler.add(event)
+            await deliver(client, call, _AttemptSink(self, exchange, attempt))
             if exchange.attempt == attempt and not exchange.ended:
                 self.handle(UpstreamFinished(request_id=request_id, attempt=attempt))
         except UpstreamError as error:
@@ -340,6 +332,7 @@ class Driver:
         exchange.finish(item)
         for callback in self.on_end:
             callback(exchange, item)
+        exchange.release_request()
 
     def _abort(self, command: Abort) -> None:
         self.metrics.aborts.labels(reason=command.reason.value).inc()
@@ -396,3 +389,39 @@ class Driver:
             exchange.cancel_upstream()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
+
+
+class _AttemptSink:
+    """What to do with each event of one attempt, called as the event arrives (engines/generation.py):
+    progress to the core, then the event to the streaming client or the assembler. Returns False once the
+    attempt is stale or its exchange ended (the upstream call is closed then). A slotted object rather than
+    a closure: one is held by every stream in flight (a closure and its cells are five times the size)."""
+
+    __slots__ = ("_attempt", "_driver", "_exchange")
+
+    def __init__(self, driver: Driver, exchange: Exchange, attempt: int) -> None:
+        self._driver = driver
+        self._exchange = exchange
+        self._attempt = attempt
+
+    def __call__(self, event: UpstreamEvent) -> bool:
+        exchange, attempt = self._exchange, self._attempt
+        if exchange.attempt != attempt or exchange.ended:
+            return False
+        driver = self._driver
+        driver.handle(ProgressReported(request_id=exchange.request_id, tokens=event.tokens, attempt=attempt))
+        driver.metrics.generated_tokens.inc(event.tokens)
+        if exchange.ended:
+            return False  # an overdue verdict fired in `handle` and ended it (release_request ran)
+        if exchange.client_streams:
+            if event.is_gateway_only:
+                return True  # e.g. the usage frame the gateway asked for and the client did not
+            exchange.delivered_tokens += event.tokens
+            if event.assembly is not None and event.assembly.is_incremental_generate:
+                exchange.cumulative = False
+            stitcher = exchange.stitcher
+            exchange.send_event(event.data if stitcher is None else stitcher.stitch(event.data))
+        else:
+            assert exchange.assembler is not None
+            exchange.assembler.add(event)
+        return True

@@ -23,6 +23,7 @@ from rolloutgate.engines.base import Route, UpstreamError
 from rolloutgate.engines.progress import index_of
 from rolloutgate.errors import GatewayError, Unavailable
 from rolloutgate.server.continuation import GenerateStitcher
+from rolloutgate.server.deadlines import deadlines_of
 
 __all__ = ("DEFAULT_CLIENT_BUFFER_BYTES", "Exchange", "Finished", "Outbox", "OutboxItem")
 
@@ -47,7 +48,8 @@ class Outbox:
     The part of `asyncio.Queue`'s API the edge uses (`put_nowait`, `get`, `get_nowait`, `empty`, `qsize`), for
     one reader, at a fraction of its cost: a list and, while the reader waits, one future (an asyncio.Queue
     holds three deques and an Event, ~3 KB per subscriber, and costs several times more per item; measured in
-    docs/benchmarks.md). `get(timeout_s)` raises TimeoutError when nothing came for that long.
+    docs/benchmarks.md). `get(timeout_s)` raises TimeoutError when nothing came for that long (its deadline is
+    an entry of the loop's shared `WaitDeadlines`, not a loop timer of its own).
     """
 
     __slots__ = ("_head", "_items", "_waiter", "buffered_bytes", "limit_bytes")
@@ -97,21 +99,22 @@ class Outbox:
         while self._head == len(self._items):
             loop = asyncio.get_running_loop()
             waiter = self._waiter = loop.create_future()
-            timer = None if timeout_s is None else loop.call_later(timeout_s, _time_out, waiter)
-            try:
-                timed_out = await waiter
-            finally:
-                self._waiter = None
-                if timer is not None:
-                    timer.cancel()
+            if timeout_s is None:
+                try:
+                    timed_out = await waiter
+                finally:
+                    self._waiter = None
+            else:
+                deadlines = deadlines_of(loop)  # one loop timer for every waiting reader (deadlines.py)
+                deadlines.add(timeout_s, waiter)
+                try:
+                    timed_out = await waiter
+                finally:
+                    self._waiter = None
+                    deadlines.settled()
             if timed_out and self._head == len(self._items):
                 raise TimeoutError
         return self.get_nowait()
-
-
-def _time_out(waiter: asyncio.Future[bool]) -> None:
-    if not waiter.done():
-        waiter.set_result(True)
 
 
 def _too_slow(limit_bytes: int) -> GatewayError:
@@ -169,6 +172,16 @@ class Exchange:
             self.ended = True
             for queue in self.subscribers:
                 queue.put_nowait(item)
+
+    def release_request(self) -> None:
+        """The exchange ended: drop what only its upstream attempts read (the parsed request body, the
+        assembler, the continuation state). A finished exchange can stay in the attach cache for
+        `result_ttl` (server/attach.py), and a parsed 100K-token prompt is megabytes of Python ints; a
+        replay needs only the history and the terminal item."""
+        self.body = {}
+        self.assembler = None
+        self.stitcher = None
+        self.upstream_error = None
 
     def send_event(self, data: bytes) -> None:
         if not self.ended:

@@ -17,12 +17,12 @@ from aiohttp import web
 
 from rolloutgate.core.events import RequestArrived, RequestLimits
 from rolloutgate.engines.base import Route
-from rolloutgate.errors import Unavailable, UpstreamFailure
+from rolloutgate.errors import PayloadTooLarge, Unavailable, UpstreamFailure
 from rolloutgate.server.attach import CachedOutcome, key_for
 from rolloutgate.server.auth import check_admin, check_api_key
 from rolloutgate.server.context import CONTEXT, GatewayContext
 from rolloutgate.server.exchange import Exchange, OutboxItem
-from rolloutgate.server.respond import KeepAlive, keepalive_for, write_outcome
+from rolloutgate.server.respond import NO_TIMING, KeepAlive, keepalive_for, write_outcome
 from rolloutgate.server.validate import (
     NO_OVERRIDES,
     estimate_prompt_tokens,
@@ -125,13 +125,14 @@ async def run_exchange(
     body: dict[str, Any],
     *,
     routing_key: str | None,
-    raw_body: bytes = b"",
+    attach_key: str | None = None,
     pinned_engine: str | None = None,
 ) -> web.StreamResponse:
-    """Submit one validated request, or attach it to its earlier attempt, and answer its client."""
+    """Submit one validated request, or attach it to its earlier attempt (`attach_key`, server/attach.py),
+    and answer its client."""
     driver = ctx.driver
     streams = bool(body.get("stream"))
-    key = key_for(request.headers, routing_key, raw_body) if ctx.engine_clock else None
+    key = attach_key
     found = ctx.attachments.find(key, driver.clock.now()) if key else None
     if isinstance(found, CachedOutcome):
         ctx.metrics.attachments.labels(kind="cached").inc()
@@ -154,14 +155,8 @@ async def run_exchange(
         enabled=ctx.engine_clock,
     )
 
-    def timing_now() -> str:
-        try:
-            return driver.core.timing(exchange.request_id, driver.clock.now()).header_value()
-        except KeyError:
-            return ""
-
     try:
-        response = await write_outcome(request, exchange, outbox, keepalive, ctx.metrics, timing_now)
+        response = await write_outcome(request, exchange, outbox, keepalive, ctx.metrics, driver)
     except (asyncio.CancelledError, ConnectionResetError):
         ctx.metrics.client_disconnects.inc()
         if exchange.unsubscribe(outbox) and ctx.engine_clock:
@@ -214,18 +209,42 @@ async def _replay(ctx: GatewayContext, request: web.Request, cached: CachedOutco
     outbox = cached.exchange.subscribe()
     cached.exchange.unsubscribe(outbox)
     outbox.put_nowait(cached.item)
-    return await write_outcome(request, cached.exchange, outbox, KeepAlive(None), ctx.metrics, lambda: "")
+    return await write_outcome(request, cached.exchange, outbox, KeepAlive(None), ctx.metrics, NO_TIMING)
 
 
 async def serve_inference(
     ctx: GatewayContext, request: web.Request, route: Route, routing_key: str | None
 ) -> web.StreamResponse:
     """Parse, validate and run one inference request (the front's routes and the session proxy)."""
+    body, attach_key = await _read_request(ctx, request, route, routing_key)
+    return await run_exchange(ctx, request, route, body, routing_key=routing_key, attach_key=attach_key)
+
+
+async def _read_request(
+    ctx: GatewayContext, request: web.Request, route: Route, routing_key: str | None
+) -> tuple[dict[str, Any], str | None]:
+    """Count, read, parse and validate an inference request: its body and its attach key. Raises GatewayError.
+
+    The raw bytes are dropped here: a request's frames and aiohttp's request object live as long as its
+    generation, and a 100K-token prompt is ~600 KB of JSON (its parsed body stays: retries need it)."""
     _route_counter(ctx, route).inc()
-    raw = await request.read()
+    raw = await read_body(request, ctx.settings.max_body_bytes)
     body = parse_body(raw, ctx.settings)
     validate_body(route, body, ctx.settings)
-    return await run_exchange(ctx, request, route, body, routing_key=routing_key, raw_body=raw)
+    return body, key_for(request.headers, routing_key, raw) if ctx.engine_clock else None
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The request's body, at most `limit` bytes (else PayloadTooLarge), not cached on the request (what
+    `request.read()` would do for the request's lifetime)."""
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"request body is {request.content_length} bytes; the limit is {limit}")
+    body = bytearray()
+    while chunk := await request.content.readany():
+        body += chunk
+        if len(body) > limit:
+            raise PayloadTooLarge(f"request body is over {limit} bytes")
+    return bytes(body)
 
 
 def _route_counter(ctx: GatewayContext, route: Route) -> Any:
@@ -240,10 +259,15 @@ def _route_counter(ctx: GatewayContext, route: Route) -> Any:
 
 
 def _inference(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The route's handler: `serve_inference` with the API key check, in one coroutine frame (a handler's
+    frames are held for as long as its stream runs)."""
+
     async def handler(request: web.Request) -> web.StreamResponse:
         ctx = request.app[CONTEXT]
         check_api_key(request, ctx.settings)
-        return await serve_inference(ctx, request, route, routing_key_of(request))
+        routing_key = routing_key_of(request)
+        body, attach_key = await _read_request(ctx, request, route, routing_key)
+        return await run_exchange(ctx, request, route, body, routing_key=routing_key, attach_key=attach_key)
 
     return handler
 

@@ -22,8 +22,8 @@ request with `X-Rolloutgate-Keepalive: off|on`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import orjson
 from aiohttp import web
@@ -32,7 +32,7 @@ from rolloutgate.errors import GatewayError
 from rolloutgate.server.exchange import Exchange, Finished, Outbox, OutboxItem
 from rolloutgate.server.metrics import Metrics
 
-__all__ = ("KeepAlive", "keepalive_for", "write_outcome")
+__all__ = ("NO_TIMING", "KeepAlive", "TimingSource", "keepalive_for", "write_outcome")
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -72,15 +72,32 @@ def keepalive_for(
     return KeepAlive(interval)
 
 
+class TimingSource(Protocol):
+    def timing_header(self, request_id: str) -> str:
+        """The request's live `X-Rolloutgate-Timing` value ("" once it is unknown)."""
+        ...
+
+
+class _NoTiming:
+    def timing_header(self, request_id: str) -> str:
+        return ""
+
+
+NO_TIMING: TimingSource = _NoTiming()
+
+
 async def write_outcome(
     request: web.Request,
     exchange: Exchange,
     outbox: Outbox,
     keepalive: KeepAlive,
     metrics: Metrics,
-    timing_now: Callable[[], str],
+    timing: TimingSource,
 ) -> web.StreamResponse:
-    """Wait for the exchange's items and write them. Raises CancelledError if the client goes away."""
+    """Wait for the exchange's items and write them. Raises CancelledError if the client goes away.
+
+    `timing` gives the timing header when headers go out before the answer (the driver; `NO_TIMING` for a
+    replay): a shared object, not a closure per request, since every stream in flight holds this frame."""
     streams = exchange.client_streams
     response: web.StreamResponse | None = None
     wait = keepalive.interval_s
@@ -93,7 +110,9 @@ async def write_outcome(
                 item = await outbox.get(wait)
             except TimeoutError:
                 if response is None:
-                    response = await _start(request, streams, timing_now(), exchange)
+                    response = await _start(
+                        request, streams, timing.timing_header(exchange.request_id), exchange
+                    )
                 keep = SSE_KEEPALIVE if streams else JSON_KEEPALIVE
                 await response.write(keep)
                 metrics.keepalive_bytes.labels(kind="sse" if streams else "json").inc(len(keep))
@@ -101,7 +120,7 @@ async def write_outcome(
 
         if isinstance(item, bytes):
             if response is None:
-                response = await _start(request, streams, timing_now(), exchange)
+                response = await _start(request, streams, timing.timing_header(exchange.request_id), exchange)
             # Events already waiting go out in the same write: one chunk and one send instead of one each.
             frames = [b"data: ", item, b"\n\n"]
             while len(frames) < 3 * _MAX_EVENTS_PER_WRITE and not outbox.empty():

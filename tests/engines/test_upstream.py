@@ -1,4 +1,4 @@
-"""The lean generation client (engines/upstream.py), added for the hot path: framing, reuse, failures.
+"""The lean generation client (engines/upstream.py, upstream_wire.py): framing, reuse, failures, push.
 
 A scripted loopback server answers each request with raw bytes, so every framing case is exact.
 """
@@ -6,10 +6,10 @@ A scripted loopback server answers each request with raw bytes, so every framing
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from rolloutgate.engines import upstream
 from rolloutgate.engines.base import UpstreamError
 from rolloutgate.engines.http import map_exceptions
 from rolloutgate.engines.upstream import (
@@ -18,66 +18,7 @@ from rolloutgate.engines.upstream import (
     UpstreamProtocolError,
 )
 
-Script = Callable[[bytes], list[bytes] | None]  # request head+body -> writes (None: close without answer)
-
-
-class ScriptedServer:
-    def __init__(self) -> None:
-        self.script: Script = lambda _request: [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"]
-        self.requests: list[bytes] = []
-        self.connections = 0
-        self.close_after_answer = False
-        self.gap_s = 0.0
-        self.server: asyncio.AbstractServer | None = None
-        self.url = ""
-
-    async def start(self) -> None:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        port = self.server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":")[1])
-                request = head + await reader.readexactly(length)
-                self.requests.append(request)
-                writes = self.script(request)
-                if writes is None:
-                    break
-                for piece in writes:
-                    writer.write(piece)
-                    await writer.drain()
-                    if self.gap_s:
-                        await asyncio.sleep(self.gap_s)
-                if self.close_after_answer:
-                    break
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[ScriptedServer]:
-    scripted = ScriptedServer()
-    await scripted.start()
-    yield scripted
-    await scripted.close()
-
-
-def _bytewise(data: bytes) -> list[bytes]:
-    return [data[i : i + 1] for i in range(len(data))]
+from .scripted import ScriptedServer, bytewise
 
 
 async def _read_all(pool: UpstreamPool, path: str = "/generate") -> tuple[int, str, bytes]:
@@ -108,7 +49,7 @@ async def test_chunked_answer_split_byte_by_byte_with_trailers_and_interim_answe
         + chunks
         + b"0\r\nX-Trailer: t\r\n\r\n"
     )
-    server.script = lambda _request: _bytewise(answer)
+    server.script = lambda _request: bytewise(answer)
     pool = UpstreamPool(server.url)
     status, content_type, body = await _read_all(pool)
     assert (status, content_type) == (200, "text/event-stream")
@@ -210,3 +151,144 @@ async def test_header_values_with_line_breaks_are_refused() -> None:
     pool = UpstreamPool("http://127.0.0.1:9")
     with pytest.raises(ValueError, match="line break"):
         pool.post("/generate", b"{}", {"X-SMG-Routing-Key": "a\r\nEvil: 1"})
+
+
+# -- idle connections and push delivery ---------------------------------------------------------------------
+
+
+class Collected:
+    """A push sink that keeps every piece (`keep`) or only the first (`first`: it stops there)."""
+
+    def __init__(self) -> None:
+        self.pieces: list[bytes] = []
+
+    def keep(self, piece: bytes) -> bool:
+        self.pieces.append(piece)
+        return True
+
+    def first(self, piece: bytes) -> bool:
+        self.pieces.append(piece)
+        return False
+
+
+def _chunked(*pieces: bytes, end: bytes = b"0\r\n\r\n") -> list[bytes]:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    return [head, *(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces), end]
+
+
+async def test_an_idle_connection_older_than_the_limit_is_not_reused(
+    server: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = UpstreamPool(server.url)
+    assert await _read_all(pool) == (200, "application/octet-stream", b"ok")
+    assert await _read_all(pool) == (200, "application/octet-stream", b"ok")
+    assert server.connections == 1  # fresh enough: reused
+    monkeypatch.setattr(upstream, "_MAX_IDLE_S", 0.0)  # every idle connection is now too old
+    assert await _read_all(pool) == (200, "application/octet-stream", b"ok")
+    assert server.connections == 2 and pool.idle_count == 1
+    pool.close()
+
+
+async def test_push_hands_each_piece_over_as_it_arrives_and_the_connection_is_reused(
+    server: ScriptedServer,
+) -> None:
+    server.script = lambda _request: _chunked(b"one", b"two", b"three")
+    server.gap_s = 0.01  # one read per piece
+    pool = UpstreamPool(server.url)
+    for _ in range(2):
+        seen = Collected()
+        async with pool.post("/generate", b"{}", {}) as response:
+            try:
+                await response.start_push(seen.keep)
+            finally:
+                response.stop_push()
+            assert response.content.at_eof()
+        assert seen.pieces == [b"one", b"two", b"three"]
+    assert server.connections == 1 and pool.idle_count == 1
+    pool.close()
+
+
+async def test_push_takes_what_was_queued_before_it_started(server: ScriptedServer) -> None:
+    server.script = lambda _request: _chunked(b"early", b"late")
+    pool = UpstreamPool(server.url)
+    seen = Collected()
+    async with pool.post("/generate", b"{}", {}) as response:
+        await asyncio.sleep(0.05)  # both pieces and the end are queued before the push starts
+        await response.start_push(seen.keep)
+        response.stop_push()
+    assert b"".join(seen.pieces) == b"earlylate"
+    assert pool.idle_count == 1
+    pool.close()
+
+
+async def test_a_sink_that_stops_ends_the_push_and_the_connection_is_closed(server: ScriptedServer) -> None:
+    server.script = lambda _request: _chunked(b"first", b"second", b"third")
+    server.gap_s = 0.02
+    pool = UpstreamPool(server.url)
+    seen = Collected()
+    async with pool.post("/generate", b"{}", {}) as response:
+        await response.start_push(seen.first)
+        response.stop_push()
+    assert seen.pieces == [b"first"]
+    assert pool.idle_count == 0  # a half-read answer is closed: how vLLM learns its client left
+    pool.close()
+
+
+async def test_a_sink_that_raises_fails_the_push_with_its_error(server: ScriptedServer) -> None:
+    server.script = lambda _request: _chunked(b"bad")
+    pool = UpstreamPool(server.url)
+
+    def refuse(piece: bytes) -> bool:
+        raise UpstreamError(f"refused {piece!r}", retryable=True)
+
+    with pytest.raises(UpstreamError, match="refused"):
+        async with pool.post("/generate", b"{}", {}) as response:
+            try:
+                await response.start_push(refuse)
+            finally:
+                response.stop_push()
+    assert pool.idle_count == 0
+    pool.close()
+
+
+async def test_a_push_cut_mid_body_raises_disconnected(server: ScriptedServer) -> None:
+    server.script = lambda _request: _chunked(b"part", end=b"")
+    server.close_after_answer = True
+    pool = UpstreamPool(server.url)
+    seen = Collected()
+    with pytest.raises(UpstreamDisconnected):
+        async with pool.post("/generate", b"{}", {}) as response:
+            await response.start_push(seen.keep)
+    assert seen.pieces == [b"part"]
+    pool.close()
+
+
+async def test_a_cancelled_push_closes_its_connection(server: ScriptedServer) -> None:
+    """A generation whose client left is cancelled: its connection must close (vLLM aborts a generation only
+    when its connection closes), never go back to the pool."""
+    server.script = lambda _request: _chunked(*[b"token"] * 50)
+    server.gap_s = 0.02
+    pool = UpstreamPool(server.url)
+    seen = Collected()
+    reading = asyncio.Event()
+
+    async def generation() -> None:
+        async with pool.post("/generate", b"{}", {}) as response:
+            reading.set()
+            try:
+                await response.start_push(seen.keep)
+            finally:
+                response.stop_push()
+
+    task = asyncio.create_task(generation())
+    await reading.wait()
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert 0 < len(seen.pieces) < 50
+    assert pool.idle_count == 0
+    count = len(seen.pieces)
+    await asyncio.sleep(0.05)
+    assert len(seen.pieces) == count  # nothing is delivered after the cancel
+    pool.close()

@@ -1,0 +1,292 @@
+"""One generation call, its events pulled (`async for`) or pushed (a callback per event, as the socket reads).
+
+Theory of operation: every adapter sends a generation the same way (a POST through the engine's lean pool or
+aiohttp, a 2xx check, an SSE stream or one whole body) and differs only in how an SSE event becomes an
+`UpstreamEvent`: that is its decoder (`GenerateDecoder` for SGLang's cumulative `/generate` chunks,
+`OpenAIDecoder` for chat and completions chunks). The call then runs one of two ways:
+
+- pulled, `pull_generation(...)`: an async iterator of events (`EngineClient.generate`), read in batches of
+  one socket read each (`SseEvents`);
+- pushed, `push_generation(..., on_event)`: each event goes to `on_event` synchronously, from the read of the
+  socket that completed it (`UpstreamResponse.push`), with no task switch and no async iterator per event.
+  This is the driver's path (`deliver`): at RL scale (thousands of streams, an event per stream every second
+  or so) every event is a socket read of its own, and the pulled path's wake-up and frame switches were most
+  of the gateway's CPU per event (docs/benchmarks.md). `on_event` returning False stops the call: the
+  connection is closed (the engine's abort, as when a pulled iterator is closed early). Through aiohttp (no
+  lean pool) the push is emulated with batches.
+
+Both raise UpstreamError for connection failures, non-2xx answers, error events, unreadable or truncated
+streams (`map_exceptions`); cancellation closes the connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+import aiohttp
+import orjson
+
+from rolloutgate.engines.base import AssemblyHint, UpstreamCall, UpstreamError, UpstreamEvent
+from rolloutgate.engines.http import (
+    DONE,
+    ControlTimeouts,
+    SseEvents,
+    SseParser,
+    check_json_object,
+    drain_after_done,
+    is_error_frame,
+    map_exceptions,
+    post_generation,
+    raise_for_error_frame,
+    raise_for_status,
+)
+from rolloutgate.engines.progress import (
+    ChunkCounter,
+    CumulativeCounter,
+    last_finish_reason_of,
+    whole_body_tokens,
+)
+from rolloutgate.engines.upstream import UpstreamPool, UpstreamResponse
+
+__all__ = (
+    "EventDecoder",
+    "EventSink",
+    "GenerateDecoder",
+    "OpenAIDecoder",
+    "deliver",
+    "pull_generation",
+    "pull_into",
+    "push_generation",
+    "whole_body_event",
+)
+
+EventSink = Callable[[UpstreamEvent], bool]  # an event -> keep going (False: stop the call)
+
+
+class EventDecoder(Protocol):
+    hint: AssemblyHint
+
+    def decode(self, data: bytes) -> UpstreamEvent:
+        """The event of one SSE data payload. Raises UpstreamError for an error event or a non-object."""
+        ...
+
+
+class GenerateDecoder:
+    """SGLang `/generate` chunks: cumulative, counted by `meta_info.completion_tokens` deltas."""
+
+    __slots__ = ("_counter", "hint")
+
+    def __init__(self, hint: AssemblyHint) -> None:
+        self.hint = hint
+        self._counter = CumulativeCounter()
+
+    def decode(self, data: bytes) -> UpstreamEvent:
+        check_json_object(data)
+        if is_error_frame(data):
+            raise_for_error_frame(data)
+        return UpstreamEvent(
+            data=data,
+            tokens=self._counter.tokens(data),
+            finish_reason=last_finish_reason_of(data),
+            assembly=self.hint,
+        )
+
+
+class OpenAIDecoder:
+    """Chat and completions chunks; the usage frame the gateway asked for is gateway-only unless the client
+    asked for it too (`wants_usage`)."""
+
+    __slots__ = ("_counter", "_wants_usage", "hint")
+
+    def __init__(self, hint: AssemblyHint, *, wants_usage: bool) -> None:
+        self.hint = hint
+        self._wants_usage = wants_usage
+        self._counter = ChunkCounter()
+
+    def decode(self, data: bytes) -> UpstreamEvent:
+        check_json_object(data)
+        if is_error_frame(data):
+            raise_for_error_frame(data)
+        tokens, is_usage, finish = self._counter.observe(data)
+        return UpstreamEvent(
+            data=data,
+            tokens=tokens,
+            is_gateway_only=is_usage and not self._wants_usage,
+            finish_reason=finish,
+            assembly=self.hint,
+        )
+
+
+async def pull_generation(
+    session: aiohttp.ClientSession,
+    upstream: UpstreamPool | None,
+    url: str,
+    body: bytes,
+    *,
+    headers: Mapping[str, str],
+    timeouts: ControlTimeouts,
+    decoder: EventDecoder,
+) -> AsyncIterator[UpstreamEvent]:
+    """The call's events (or one whole-body event if the engine did not stream). Closing the iterator early
+    closes the upstream connection (vLLM aborts the request on that)."""
+    what = f"POST {url}"
+    post = post_generation(session, upstream, url, body, headers=headers, timeouts=timeouts)
+    del body  # not kept for the answer's lifetime (a 100K-token prompt is ~600 KB; the pool drops its copy)
+    with map_exceptions(what):
+        async with post as resp:
+            await raise_for_status(resp, what=what)
+            if resp.content_type != "text/event-stream":
+                yield whole_body_event(await resp.read(), hint=decoder.hint)
+                return
+            completed = False
+            try:
+                events = SseEvents(resp)
+                while batch := await events.next_batch():
+                    for data in batch:
+                        yield decoder.decode(data)
+                completed = True
+            finally:
+                if not completed:
+                    resp.close()  # never reuse a half-read connection; closing it is vLLM's abort
+
+
+async def push_generation(
+    session: aiohttp.ClientSession,
+    upstream: UpstreamPool | None,
+    url: str,
+    body: bytes,
+    *,
+    headers: Mapping[str, str],
+    timeouts: ControlTimeouts,
+    decoder: EventDecoder,
+    on_event: EventSink,
+) -> None:
+    """Run the call, handing each event to `on_event` as it arrives; returns after the last one, or as soon
+    as `on_event` returns False (the connection is closed then).
+
+    One coroutine frame for the whole call (no context-manager or helper frames): it is held for as long as
+    the generation runs, by every stream in flight (docs/benchmarks.md, memory per stream)."""
+    what = f"POST {url}"
+    post = post_generation(session, upstream, url, body, headers=headers, timeouts=timeouts)
+    del body  # not kept for the answer's lifetime (a 100K-token prompt is ~600 KB; the pool drops its copy)
+    with map_exceptions(what):
+        async with post as resp:
+            await raise_for_status(resp, what=what)
+            if resp.content_type != "text/event-stream":
+                on_event(whole_body_event(await resp.read(), hint=decoder.hint))
+                return
+            if not isinstance(resp, UpstreamResponse):
+                await _push_batches(resp, decoder, on_event)
+                return
+            sink = _SsePush(decoder, on_event)
+            try:
+                await resp.start_push(sink)
+            finally:
+                resp.stop_push()
+            if sink.saw_done:
+                await drain_after_done(resp)  # normally only the chunked terminator, often already read
+                return
+            if sink.stopped:
+                resp.close()
+                return
+            tail = sink.tail()
+            if tail == DONE:
+                return
+            if tail is not None:
+                raise UpstreamError("the engine's stream ended inside an event", retryable=True)
+            raise UpstreamError("the engine's stream ended before [DONE]", retryable=True)
+
+
+async def _push_batches(resp: Any, decoder: EventDecoder, on_event: EventSink) -> None:
+    """Push emulated over a response that cannot push (aiohttp's): batches of one read each."""
+    events = SseEvents(resp)
+    while batch := await events.next_batch():
+        for data in batch:
+            if not on_event(decoder.decode(data)):
+                resp.close()
+                return
+
+
+class _SsePush:
+    """The sink of a pushed SSE body: parses each piece and hands the decoded events over."""
+
+    __slots__ = ("_decoder", "_on_event", "_parser", "saw_done", "stopped")
+
+    def __init__(self, decoder: EventDecoder, on_event: EventSink) -> None:
+        self._decoder = decoder
+        self._on_event = on_event
+        self._parser = SseParser()
+        self.saw_done = False
+        self.stopped = False
+
+    def __call__(self, piece: bytes) -> bool:
+        decode, on_event = self._decoder.decode, self._on_event
+        for data in self._parser.feed(piece):
+            if data == DONE:
+                self.saw_done = True
+                return False
+            if not on_event(decode(data)):
+                self.stopped = True
+                return False
+        return True
+
+    def tail(self) -> bytes | None:
+        return self._parser.finish()
+
+
+async def pull_into(events: AsyncIterator[UpstreamEvent], on_event: EventSink) -> None:
+    """Hand the events of a pulled call to `on_event`, closing the iterator when it returns False."""
+    try:
+        async for event in events:
+            if not on_event(event):
+                return
+    finally:
+        close = getattr(events, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def deliver(client: Any, call: UpstreamCall, on_event: EventSink) -> Awaitable[None]:
+    """Run `call` on an engine client, handing each event to `on_event`: pushed where the client can
+    (`stream_into(call, on_event)`), else pulled from `generate(call)`. The awaitable raises UpstreamError."""
+    push = getattr(client, "stream_into", None)
+    if push is not None:
+        return push(call, on_event)  # type: ignore[no-any-return]
+    return pull_into(client.generate(call), on_event)
+
+
+def whole_body_event(body: bytes, *, hint: AssemblyHint) -> UpstreamEvent:
+    """The single event of a non-streamed answer. Raises UpstreamError for an unreadable body or an error
+    object (some servers answer errors with HTTP 200)."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise UpstreamError(
+            f"the engine's answer is not JSON: {exc}", retryable=True, body=body[:4096]
+        ) from exc
+    if isinstance(parsed, dict) and "error" in parsed and is_error_frame(body.lstrip()):
+        raise_for_error_frame(body.lstrip())
+    return UpstreamEvent(
+        data=body,
+        tokens=whole_body_tokens(body),
+        is_whole_body=True,
+        finish_reason=_first_finish_reason(parsed),
+        assembly=hint,
+        _parsed=parsed,
+    )
+
+
+def _first_finish_reason(parsed: Any) -> str | None:
+    item = parsed[0] if isinstance(parsed, list) and parsed else parsed
+    if not isinstance(item, dict):
+        return None
+    choices = item.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        reason = choices[0].get("finish_reason")
+        return reason if isinstance(reason, str) else None
+    meta = item.get("meta_info")
+    if isinstance(meta, dict) and isinstance(meta.get("finish_reason"), dict):
+        reason = meta["finish_reason"].get("type")
+        return reason if isinstance(reason, str) else None
+    return None
