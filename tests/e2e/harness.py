@@ -119,7 +119,9 @@ def _wait_sync(what: str, check: Callable[[], bool], timeout_s: float, process: 
         if not process.is_alive():
             raise RuntimeError(f"{what}: process exited ({process.popen.returncode}):\n{process.log_tail()}")
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not ready after {timeout_s} s:\n{process.log_tail()}")
+            tail = process.log_tail()
+            process.stop()  # nobody else holds it: a process never ready must not outlive the run
+            raise TimeoutError(f"{what}: not ready after {timeout_s} s:\n{tail}")
         time.sleep(0.2)
 
 
