@@ -398,9 +398,13 @@ def post_generation(
 
 
 def upstream_pool(url: str) -> UpstreamPool | None:
-    """A lean keep-alive pool for an adapter's generations (engines/upstream.py), or None (aiohttp then) for
-    a URL it cannot take or when `ROLLOUTGATE_LEAN_UPSTREAM=0` turns it off."""
-    if os.environ.get("ROLLOUTGATE_LEAN_UPSTREAM", "1") == "0":
+    """A lean keep-alive pool for an adapter's generations (engines/upstream.py) when
+    `ROLLOUTGATE_LEAN_UPSTREAM=1` turns it on and it can take the URL, else None (aiohttp then).
+
+    Off by default: with it on, `make test-reliability`'s slow-reader waves test hangs (a cut-off reader's
+    generation is not wound up), measured from a fresh clone; the benchmark figures in docs/benchmarks.md
+    were measured with it on."""
+    if os.environ.get("ROLLOUTGATE_LEAN_UPSTREAM", "0") != "1":
         return None
     try:
         return UpstreamPool(url)
