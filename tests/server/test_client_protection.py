@@ -275,3 +275,44 @@ async def test_an_error_after_keepalive_reaches_each_client_as_an_error(
             assert "Timeout" not in type(raised.value).__name__
         await blocker
     assert requests_total(cluster, 0) == 2  # the blocker and one generation: no retry started another
+
+
+async def test_a_client_gone_while_its_answer_is_written_is_a_quiet_disconnect(
+    make_cluster: MakeCluster,
+    make_gateway: MakeGateway,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Writing to a connection the client just closed raises ConnectionResetError (aiohttp's "Cannot write to
+    closing transport"): a disconnect like any other (counted, generation aborted after the grace), not an
+    error logged with a traceback, and the gateway goes on serving."""
+    from aiohttp import ClientConnectionResetError
+
+    from rolloutgate.server import front
+
+    real_write_outcome = front.write_outcome
+    calls = 0
+
+    async def write_fails_once(*args: object, **kwargs: object) -> object:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ClientConnectionResetError("Cannot write to closing transport")
+        return await real_write_outcome(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(front, "write_outcome", write_fails_once)
+    cluster = await make_cluster(engines=1, time_scale=SCALE)
+    gateway = await make_gateway(cluster, retry_grace=0.5 * SCALE)
+    engine = cluster.engines[0]
+    caplog.set_level("DEBUG", logger="aiohttp")
+    async with httpx.AsyncClient(timeout=10) as http:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await http.post(f"{gateway.url}/v1/chat/completions", json=chat(20_000, stream=True))
+        await wait_until(lambda: engine.running_count == 0, timeout_s=10)  # aborted after the grace
+        served = await http.post(f"{gateway.url}/v1/chat/completions", json=chat(4))
+        metrics = (await http.get(f"{gateway.url}/metrics")).text
+    assert served.status_code == 200
+    assert "rolloutgate_client_disconnects_total 1.0" in metrics
+    assert 'rolloutgate_aborts_sent_total{reason="client_gone"} 1.0' in metrics
+    errors = [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    assert errors == [], [r.getMessage() for r in errors]

@@ -157,10 +157,15 @@ async def run_exchange(
 
     try:
         response = await write_outcome(request, exchange, outbox, keepalive, ctx.metrics, driver)
-    except (asyncio.CancelledError, ConnectionResetError):
+    except (asyncio.CancelledError, ConnectionResetError) as exc:
         ctx.metrics.client_disconnects.inc()
         if exchange.unsubscribe(outbox) and ctx.engine_clock:
             driver.client_disconnected(exchange)
+        if isinstance(exc, ConnectionResetError):
+            # The client left while its answer was being written (aiohttp: "Cannot write to closing
+            # transport"). As a cancellation, aiohttp drops the connection quietly; as an error it would log
+            # a traceback and try to write a 500 after a partial answer.
+            raise asyncio.CancelledError from exc
         raise
     finally:
         exchange.unsubscribe(outbox)
@@ -209,7 +214,11 @@ async def _replay(ctx: GatewayContext, request: web.Request, cached: CachedOutco
     outbox = cached.exchange.subscribe()
     cached.exchange.unsubscribe(outbox)
     outbox.put_nowait(cached.item)
-    return await write_outcome(request, cached.exchange, outbox, KeepAlive(None), ctx.metrics, NO_TIMING)
+    try:
+        return await write_outcome(request, cached.exchange, outbox, KeepAlive(None), ctx.metrics, NO_TIMING)
+    except ConnectionResetError as exc:  # the client left mid-answer: quietly, as in run_exchange
+        ctx.metrics.client_disconnects.inc()
+        raise asyncio.CancelledError from exc
 
 
 async def serve_inference(
