@@ -1,12 +1,22 @@
-# Prefill-aware admission off and on, side by side in the incident replay (docs/prefill.md); not part of
-# `make test`.
-#   make prefill-compare                                  7 seeds, each run off and on (~13 minutes on 2 cores)
+# Prefill-aware admission off and on, side by side (docs/prefill.md); not part of `make test`.
+#   make prefill-compare                                  the incident replay over HTTP, 7 seeds, each run off and
+#                                                         on (~13 minutes on 2 cores)
 #   make prefill-compare PREFILL_ARGS='--seeds 0,1'       fewer seeds
-# Writes $(PREFILL_OUT)/prefill_replay.md (the table), prefill_replay.json and each run's raw records.
+#   make prefill-exact                                    the same workload in the exact world (sans-IO core +
+#                                                         engine model, virtual time), 40 seeds, with bootstrap
+#                                                         intervals (a few minutes on 2 cores)
+#   make prefill-exact PREFILL_EXACT_ARGS='--seeds 0-9'   fewer seeds
+# prefill-compare writes $(PREFILL_OUT)/prefill_replay.md (the table), prefill_replay.json and each run's raw
+# records; prefill-exact writes $(PREFILL_EXACT_OUT)/prefill_exact.md and prefill_exact.json.
 PREFILL_OUT  ?= out/prefill-replay
 PREFILL_ARGS ?=
+PREFILL_EXACT_OUT  ?= out/prefill-exact
+PREFILL_EXACT_ARGS ?=
 
-.PHONY: prefill-compare
+.PHONY: prefill-compare prefill-exact
 
 prefill-compare: $(STAMP)
 	LITELLM_LOCAL_MODEL_COST_MAP=True $(BIN)/python -m rolloutgate.bench.prefill_replay --out $(PREFILL_OUT) $(PREFILL_ARGS)
+
+prefill-exact: $(STAMP)
+	$(BIN)/python -m rolloutgate.bench.prefill_exact --out $(PREFILL_EXACT_OUT) $(PREFILL_EXACT_ARGS)

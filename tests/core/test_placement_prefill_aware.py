@@ -18,10 +18,15 @@ class View:
     order: int = 0
     in_flight: int = 0
     decoding: int = 0
+    endured: int = 0  # long prefills its decodes have sat through there, summed
     backlog_tokens: int = 0  # in prefill + waiting for it + its rest
     outstanding_tokens: int = 0
     capacity: int = 16
     budget_free: bool = True
+
+    @property
+    def decode_weight(self) -> int:
+        return self.decoding + self.endured
 
     def has_room(self) -> bool:
         return self.in_flight < self.capacity
@@ -50,6 +55,7 @@ def warm(engine: str = "e0", prompt: int = 102_000, cached: int = 100_000, **kw:
         (cold(100_000), View("e0", decoding=3, backlog_tokens=50_000), 450_000),  # after 50K ahead of it
         (warm("e0"), View("e0", decoding=3), 8_000),  # its session's prefix is there: 2K new tokens
         (warm("e0"), View("e1", decoding=3), 408_000),  # anywhere else: the whole history
+        (cold(100_000), View("e0", decoding=3, endured=2), 600_000),  # decodes held before weigh more
     ],
 )
 def test_cost_is_backlog_plus_its_prefill_for_itself_and_every_decode(
@@ -65,6 +71,19 @@ def test_a_long_cold_prompt_goes_where_it_holds_the_fewest_decodes() -> None:
     assert PrefillAware().choose(cold(), pool) == "e1"  # 200K against 500K and 300K
     pool[1].backlog_tokens = 150_000  # e1 is already prefilling a long prompt: 350K there
     assert PrefillAware().choose(cold(), pool) == "e2"  # the storm spreads
+
+
+def test_among_equal_decode_counts_it_goes_where_the_decodes_were_held_least() -> None:
+    pool = engines(
+        {"in_flight": 3, "decoding": 3, "endured": 4}, {"in_flight": 3, "decoding": 3, "endured": 1}
+    )
+    assert (
+        PrefillAware().choose(cold(), pool) == "e1"
+    )  # 500K against 800K: e0's decodes already sat through 4
+    pool[1].endured = 6
+    assert PrefillAware().choose(cold(), pool) == "e0"
+    fewer = engines({"in_flight": 2, "decoding": 2, "endured": 4}, {"in_flight": 5, "decoding": 5})
+    assert PrefillAware().choose(cold(), fewer) == "e1"  # two decodes held 4 more times: 700K against 600K
 
 
 def test_short_or_cached_prompts_fall_back_to_least_outstanding() -> None:

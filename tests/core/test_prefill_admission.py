@@ -74,6 +74,23 @@ def test_cold_prompts_avoid_the_engines_with_the_most_decodes() -> None:
     assert dispatched(h)[-1] == ("x1", "e2")
 
 
+def test_a_cold_prompt_spares_the_decodes_that_already_sat_through_long_prefills() -> None:
+    h = Harness(prefill_aware())
+    join(h, "e1", "e2")
+    decoding(h, "d1", "e1")
+    decoding(h, "d2", "e2")
+    h.arrive("x0", prompt_tokens=LONG, pinned_engine="e1")
+    h.advance(35.0)
+    h.progress("x0")  # d1 sat through x0's prefill; d2 was never held
+    h.finish("x0")
+    engines = {e.engine_id: e for e in h.gw._engines.values()}
+    assert (engines["e1"].decode_weight, engines["e2"].decode_weight) == (2, 1)
+    h.arrive("x1", prompt_tokens=LONG)  # one decode on each engine: it goes where it was held least
+    assert dispatched(h)[-1] == ("x1", "e2")
+    h.finish("d1")  # a decode that leaves takes what it sat through with it
+    assert engines["e1"].decode_weight == 0 and engines["e1"].endured_prefills == 0
+
+
 def test_a_sessions_next_turn_is_not_held_behind_long_prompts_waiting_for_the_budget() -> None:
     h = Harness(prefill_aware())
     join(h, "e1")

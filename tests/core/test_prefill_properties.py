@@ -66,6 +66,10 @@ class PrefillChecker(Checker):
             waiting = [gw._queue.weight_of(rid) for rid in gw._queue.ids_in_lane((e.engine_id, False))]
             waiting += [gw._queue.weight_of(rid) for rid in gw._queue.ids_in_lane((e.engine_id, True))]
             assert e.backlog_tokens == slots.prefill_tokens + slots.rest_tokens + sum(waiting)
+            assert e.endured_prefills == sum(r.prefills_endured for r in e.requests.values())
+            assert all(r.prefills_endured == 0 for r in in_prefill)  # only decodes sit through prefills
+            if e.endured_prefills:
+                event("decodes sat through a long prefill")
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

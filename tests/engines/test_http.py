@@ -74,6 +74,23 @@ def test_parser_copies_a_large_event_once_per_completion() -> None:
     assert events == [b"x" * 300_000]
 
 
+def test_parser_refuses_an_event_that_never_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broken engine that never ends its event costs a bounded buffer, then a retryable fault; the events
+    before it were delivered, and a parser reused after the fault starts clean."""
+    monkeypatch.setattr("rolloutgate.engines.http.MAX_SSE_EVENT_BYTES", 100_000)
+    parser = SseParser()
+    assert parser.feed(b"data: ok\n\ndata: " + b"x" * 40_000) == [b"ok"]
+    parser.feed(b"x" * 40_000)
+    with pytest.raises(UpstreamError, match="without ending it") as failure:
+        parser.feed(b"x" * 40_000)
+    assert failure.value.retryable
+    assert parser.finish() is None  # the oversized event was dropped, not kept
+    lines = b"data: a\n" * 20_000  # many lines, never a blank one: still one event that never ends
+    with pytest.raises(UpstreamError):
+        parser.feed(lines)
+    assert parse_all([b"data: " + b"y" * 99_000 + b"\n\n"]) == ([b"y" * 99_000], None)  # under the bound
+
+
 # Payloads: printable JSON-ish text without line breaks (what engines send on one data line).
 payloads = st.lists(
     st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\r\n"), max_size=40).map(str.encode),

@@ -308,6 +308,8 @@ async def test_a_client_gone_while_its_answer_is_written_is_a_quiet_disconnect(
     async with httpx.AsyncClient(timeout=10) as http:
         with pytest.raises(httpx.RemoteProtocolError):
             await http.post(f"{gateway.url}/v1/chat/completions", json=chat(20_000, stream=True))
+        # The reset can reach the client before the engine has read the request: see it start, then stop.
+        await wait_until(lambda: engine.generated_tokens_total > 0, timeout_s=10)
         await wait_until(lambda: engine.running_count == 0, timeout_s=10)  # aborted after the grace
         served = await http.post(f"{gateway.url}/v1/chat/completions", json=chat(4))
         metrics = (await http.get(f"{gateway.url}/metrics")).text

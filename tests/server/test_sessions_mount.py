@@ -83,8 +83,12 @@ async def test_a_turn_the_engine_cannot_stream_is_watched_by_engine_level_progre
     session_id = (await http.post(f"{gateway.url}/sessions")).json()["session_id"]
     reply = await http.post(
         f"{gateway.url}/sessions/{session_id}/v1/chat/completions",
-        json={"model": "sim-model", "messages": [{"role": "user", "content": "long"}], "max_tokens": 600,
-              "ignore_eos": True},
+        json={
+            "model": "sim-model",
+            "messages": [{"role": "user", "content": "long"}],
+            "max_tokens": 600,
+            "ignore_eos": True,
+        },
     )
     assert reply.status_code == 200, reply.text
     assert reply.json()["usage"]["completion_tokens"] == 600

@@ -292,6 +292,10 @@ class _ReservedView:
         return self._engine.decoding
 
     @property
+    def decode_weight(self) -> int:
+        return self._engine.decode_weight
+
+    @property
     def backlog_tokens(self) -> int:
         return self._engine.backlog_tokens
 

@@ -8,6 +8,7 @@ request_clock.py). It is also the read-only `EngineView` that placement policies
 Rules:
 1. Only the gateway mutates a record; policies read it through `EngineView`.
 2. `requests` holds exactly the requests dispatched there and not yet ended or moved.
+3. `endured_prefills` is the sum of `prefills_endured` over `requests` (kept by the gateway, O(1) per event).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = ("EngineRecord",)
 class EngineRecord:
     __slots__ = (
         "_queue",
+        "endured_prefills",
         "engine_id",
         "is_paused",
         "liveness",
@@ -72,6 +74,7 @@ class EngineRecord:
         self.meter.set_paused(now, is_gate_closed)
         self.liveness = EngineLiveness(now=now, pool_stall_timeout_s=pool_stall_timeout_s)
         self.requests: dict[str, RequestRecord] = {}
+        self.endured_prefills = 0  # the sum of its decoding requests' `prefills_endured`
         self._queue = queue  # the gateway's wait queue: what waits there for this engine (backlog_tokens)
         self.timers: tuple[TimerHeap[str], TimerHeap[str]] = (TimerHeap(), TimerHeap())
 
@@ -88,6 +91,10 @@ class EngineRecord:
     @property
     def decoding(self) -> int:
         return self.slots.decoding
+
+    @property
+    def decode_weight(self) -> int:
+        return self.slots.decoding + self.endured_prefills
 
     @property
     def backlog_tokens(self) -> int:

@@ -263,6 +263,7 @@ class Gateway(GatewayLedger):
         if rest_until_at != math.inf:
             self._timers.set((TimerKind.REST, engine.engine_id), rest_until_at)
         if r.is_large_prefill:
+            self._note_prefill_endured(r, engine)
             r.is_large_prefill = False
             engine.meter.remove_large_prefill(now)
             engine.liveness.large_prefill_tokens -= r.uncached_tokens
@@ -277,6 +278,18 @@ class Gateway(GatewayLedger):
         if engine.slots.prefill_token_budget != math.inf:
             self._pump(now, out)  # prefill budget freed: something may fit now
         return out
+
+    @staticmethod
+    def _note_prefill_endured(prefilled: RequestRecord, engine: EngineRecord) -> None:
+        """Every decode on the engine sat through `prefilled`'s long prefill: placement weighs them by it.
+
+        O(requests there), once per long prefill (rare next to progress events)."""
+        endured = 0
+        for q in engine.requests.values():
+            if q is not prefilled and not q.is_in_prefill:
+                q.prefills_endured += 1
+                endured += 1
+        engine.endured_prefills += endured
 
     def _on_finished(self, ev: UpstreamFinished, now: float) -> list[Command]:
         r = self._requests.get(ev.request_id)

@@ -180,6 +180,8 @@ class GatewayLedger:
             engine.liveness.large_prefill_tokens -= r.uncached_tokens
             r.is_large_prefill = False
         r.is_in_prefill = False
+        engine.endured_prefills -= r.prefills_endured
+        r.prefills_endured = 0
         engine.liveness.remove_request(r.limits.stall_timeout_s)
         engine.timers[r.clock.charge_class].discard(r.request_id)
         r.clock.end_stint(now, forgive=forgive)

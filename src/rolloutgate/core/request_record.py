@@ -43,6 +43,7 @@ class RequestRecord:
         "is_large_prefill",
         "limits",
         "pinned_engine",
+        "prefills_endured",
         "priority",
         "prompt_tokens",
         "request_id",
@@ -80,6 +81,7 @@ class RequestRecord:
         self.uncached_tokens = 0
         self.is_in_prefill = False
         self.is_large_prefill = False
+        self.prefills_endured = 0  # long prefills its engine finished while it decoded there (this attempt)
         self.is_disconnected = False
         self.avoid_engines: frozenset[str] = NO_ENGINES
 

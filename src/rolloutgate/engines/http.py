@@ -66,6 +66,9 @@ DONE = b"[DONE]"
 JSON_HEADERS = {"Content-Type": "application/json"}
 _MAX_ERROR_BODY = 64 * 1024
 _DRAIN_AFTER_DONE_S = 1.0
+# One SSE event larger than this is a broken engine, not an answer: a cumulative /generate chunk of a 100K-token
+# output with every logprob is a few MB. Without a bound, a stream that never ends its event grows without end.
+MAX_SSE_EVENT_BYTES = 64 << 20
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,10 +113,11 @@ class SseParser:
     buffered, so an event arriving in many pieces is joined once.
     """
 
-    __slots__ = ("_parts", "_skip_lf")
+    __slots__ = ("_parts", "_parts_size", "_skip_lf")
 
     def __init__(self) -> None:
         self._parts: list[bytes] = []  # bytes of the current, incomplete event
+        self._parts_size = 0  # their length, bounded by MAX_SSE_EVENT_BYTES
         self._skip_lf = False  # the last chunk ended in b"\r": a b"\n" starting the next one belongs to it
 
     def feed(self, chunk: bytes) -> list[bytes]:
@@ -123,13 +127,14 @@ class SseParser:
             return []
         first = chunk.find(b"\n")
         if first < 0:
-            self._parts.append(chunk)
+            self._keep(chunk)
             return []
         size = len(chunk)
         if self._parts:
             self._parts.append(chunk)
             chunk = b"".join(self._parts)
             self._parts.clear()
+            self._parts_size = 0
             first = chunk.find(b"\n")  # a leftover may hold a line end of its own
             size = len(chunk)
         elif first == size - 2 and chunk[-1] == 0x0A and chunk.startswith(b"data: "):
@@ -151,12 +156,25 @@ class SseParser:
             start = scan = end + 2
             end = chunk.find(b"\n", scan)
         if start < size:
-            self._parts.append(chunk[start:] if start else chunk)
+            self._keep(chunk[start:] if start else chunk)
         return events
+
+    def _keep(self, piece: bytes) -> None:
+        """Buffer part of an event still incomplete. Raises UpstreamError (retryable) past the bound."""
+        self._parts_size += len(piece)
+        if self._parts_size > MAX_SSE_EVENT_BYTES:
+            self._parts.clear()
+            self._parts_size = 0
+            raise UpstreamError(
+                f"the engine sent an SSE event over {MAX_SSE_EVENT_BYTES >> 20} MB without ending it",
+                retryable=True,
+            )
+        self._parts.append(piece)
 
     def finish(self) -> bytes | None:
         tail = b"".join(self._parts)
         self._parts.clear()
+        self._parts_size = 0
         self._skip_lf = False
         return _event_data(tail.rstrip(b"\n")) if tail.strip() else None
 
@@ -398,13 +416,13 @@ def post_generation(
 
 
 def upstream_pool(url: str) -> UpstreamPool | None:
-    """A lean keep-alive pool for an adapter's generations (engines/upstream.py) when
-    `ROLLOUTGATE_LEAN_UPSTREAM=1` turns it on and it can take the URL, else None (aiohttp then).
+    """A lean keep-alive pool for an adapter's generations (engines/upstream.py) when it can take the URL,
+    else None (aiohttp then). On by default; `ROLLOUTGATE_LEAN_UPSTREAM=0` opts out (aiohttp for every call).
 
-    Off by default: with it on, `make test-reliability`'s slow-reader waves test hangs (a cut-off reader's
-    generation is not wound up), measured from a fresh clone; the benchmark figures in docs/benchmarks.md
-    were measured with it on."""
-    if os.environ.get("ROLLOUTGATE_LEAN_UPSTREAM", "0") != "1":
+    (It was off for a while: the slow-reader waves test of `make test-reliability` hung with it on. The hang
+    was the test's own drain of a cut-off client through a 4 KB receive window, which Linux can serve at a
+    few KB/s, with either client: docs/reliability.md.)"""
+    if os.environ.get("ROLLOUTGATE_LEAN_UPSTREAM", "1") == "0":
         return None
     try:
         return UpstreamPool(url)

@@ -67,6 +67,12 @@ class EngineView(Protocol):
         ...
 
     @property
+    def decode_weight(self) -> int:
+        """The decodes there, each counted once plus once per long prefill it has already sat through there:
+        how much a new long prefill there would add to the tail (placement/prefill_aware.py)."""
+        ...
+
+    @property
     def backlog_tokens(self) -> int:
         """Prefill a request sent there now would wait behind, in uncached prompt tokens: those in prefill,
         those of requests waiting in the gateway for this engine, and the engine's rest (admission.py)."""

@@ -1,0 +1,105 @@
+"""A streaming client that falls `client_buffer_bytes` behind is cut off by its exchange (server/exchange.py),
+from inside the delivery of an upstream event. Its generation must then be wound up like any abandoned one,
+through either upstream client: aborted on the engine after the retry grace, its upstream connection closed
+and never pooled, its slot freed once the engine is done.
+
+The app's watchdog (`client_write_timeout`) is set far out of reach, so only the exchange's cut-off can end the
+generation here; every wait is on an observable state, not on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+
+import httpx
+import orjson
+import pytest
+
+from tests.server.conftest import MakeCluster, MakeGateway
+
+# far more than the sockets hold (~11K tokens on loopback): the reader really falls behind
+MAX_TOKENS = 30_000
+
+
+def open_slow_reader(url: str) -> socket.socket:
+    """A streaming request from a client that never reads (a tiny receive buffer, so it fills fast)."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    body = orjson.dumps(
+        {
+            "model": "sim-model",
+            "messages": [{"role": "user", "content": "stream a lot"}],
+            "max_tokens": MAX_TOKENS,
+            "ignore_eos": True,
+            "stream": True,
+        }
+    )
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + body)
+    sock.setblocking(False)
+    return sock
+
+
+async def wait_until(predicate, what: str, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while not predicate():
+        assert loop.time() < end, f"{what}: not reached in {timeout_s} s"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("lean", ["1", "0"], ids=["lean-client", "aiohttp"])
+async def test_a_reader_cut_off_for_falling_behind_has_its_generation_wound_up(
+    lean: str, monkeypatch: pytest.MonkeyPatch, make_cluster: MakeCluster, make_gateway: MakeGateway
+) -> None:
+    monkeypatch.setenv("ROLLOUTGATE_LEAN_UPSTREAM", lean)
+    cluster = await make_cluster(engines=1, time_scale=200.0)
+    gateway = await make_gateway(
+        cluster,
+        client_buffer_bytes=64 * 1024,  # the smallest allowed
+        client_write_timeout=3600.0,  # the watchdog stays out of it
+        retry_grace=1.0,
+        keepalive_interval=0,
+    )
+    engine = cluster.engines[0]
+    ctx = gateway.context
+    (handle,) = ctx.pool.engines.values()
+    upstream = handle.client._upstream  # the lean pool, None through aiohttp
+    assert (upstream is not None) == (lean == "1")
+
+    def aborts_sent() -> float:
+        labels = {"reason": "client_gone"}
+        return ctx.metrics.registry.get_sample_value("rolloutgate_aborts_sent_total", labels) or 0.0
+
+    sock = open_slow_reader(gateway.url)
+    try:
+        await wait_until(lambda: engine.running_count == 1, "generation started")
+        # The reader falls behind, is cut off, and after the grace its generation is aborted on the engine.
+        await wait_until(lambda: aborts_sent() == 1, "abort of the abandoned generation", timeout_s=60)
+        await wait_until(lambda: engine.running_count == 0, "the engine stopped generating")
+        assert engine.generated_tokens_total < MAX_TOKENS
+        # The slot is freed (the engine is done) and nothing of the exchange is left in the driver ...
+        await wait_until(lambda: not any(ctx.driver.core.stats().in_flight.values()), "slot freed")
+        await wait_until(lambda: not ctx.driver.exchanges, "exchange dropped")
+        # ... and the cut-off answer's connection was closed, not handed back to the pool.
+        if upstream is not None:
+            assert upstream.idle_count == 0
+    finally:
+        with contextlib.suppress(OSError):
+            sock.close()
+    # The engine serves the next request (on a fresh connection), and that one's connection is pooled.
+    async with httpx.AsyncClient(timeout=30) as http:
+        ok = await http.post(
+            f"{gateway.url}/v1/chat/completions",
+            json={"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        )
+    assert ok.status_code == 200, ok.text
+    if upstream is not None:
+        assert upstream.idle_count == 1
