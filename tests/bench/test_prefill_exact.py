@@ -22,7 +22,6 @@ from rolloutgate.bench.prefill_exact import (
     bootstrap_changes,
     max_long_prefills_at_once,
     measure,
-    parse_seeds,
     pool_runs,
     run_seeds,
 )
@@ -146,11 +145,6 @@ def test_long_prefills_at_once_counts_overlaps_per_engine() -> None:
     assert max_long_prefills_at_once(overlapping, 100.0) == 2
     not_admitted = {**gen(1, 6.0, None), "started_at": None}  # its cached tokens are not known yet
     assert max_long_prefills_at_once([*back_to_back, not_admitted], 100.0) == 1
-
-
-def test_parse_seeds() -> None:
-    assert parse_seeds("0-3,7") == [0, 1, 2, 3, 7]
-    assert parse_seeds("5") == [5]
 
 
 def test_the_engine_physics_match_the_http_simulator() -> None:

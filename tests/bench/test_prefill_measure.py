@@ -10,6 +10,7 @@ from rolloutgate.bench.prefill_measure import (
     Generation,
     decode_during_storms,
     last_attempts,
+    parse_seeds,
     percentile,
     pool,
     split_rid,
@@ -142,3 +143,8 @@ def test_the_table_shows_each_mode_and_the_change_of_its_float_figures() -> None
     assert lines[6] == "| caught | 3 | 2 |  |"  # a count: no relative change
     assert lines[7] == "| stall | 0.50 | 0.25 |  |"
     assert table({"on": on}, [("tokens", "tokens_per_s", "{:.1f}")]).splitlines()[2] == "| tokens | 490.0 |"
+
+
+def test_parse_seeds() -> None:
+    assert parse_seeds("0-3,7") == [0, 1, 2, 3, 7]
+    assert parse_seeds("5") == [5]

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import httpx
-import orjson
 import pytest
 
 from rolloutgate.server.app import GatewayServer
@@ -30,36 +29,13 @@ from tests.reliability.conftest import (
     wait_for,
 )
 from tests.server.conftest import MakeCluster, MakeGateway
+from tests.server.slow_reader import open_slow_reader
 
 pytestmark = pytest.mark.reliability
 
 SCALE = 100.0
 BUFFER_BYTES = 64 * 1024
 WRITE_TIMEOUT_S = 2.0
-
-
-def open_slow_reader(url: str, max_tokens: int) -> socket.socket:
-    """A client that sends a streaming request and never reads (a tiny receive buffer, so it fills fast)."""
-    host, port = url.removeprefix("http://").split(":")
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect((host, int(port)))
-    body = orjson.dumps(
-        {
-            "model": "sim-model",
-            "messages": [{"role": "user", "content": "stream a lot"}],
-            "max_tokens": max_tokens,
-            "ignore_eos": True,
-            "stream": True,
-        }
-    )
-    head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    )
-    sock.sendall(head.encode() + body)
-    sock.setblocking(False)
-    return sock
 
 
 def open_connections(gateway: GatewayServer) -> int:

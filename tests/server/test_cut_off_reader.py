@@ -11,40 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 
 import httpx
-import orjson
 import pytest
 
 from tests.server.conftest import MakeCluster, MakeGateway
+from tests.server.slow_reader import open_slow_reader
 
 # far more than the sockets hold (~11K tokens on loopback): the reader really falls behind
 MAX_TOKENS = 30_000
-
-
-def open_slow_reader(url: str) -> socket.socket:
-    """A streaming request from a client that never reads (a tiny receive buffer, so it fills fast)."""
-    host, port = url.removeprefix("http://").split(":")
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect((host, int(port)))
-    body = orjson.dumps(
-        {
-            "model": "sim-model",
-            "messages": [{"role": "user", "content": "stream a lot"}],
-            "max_tokens": MAX_TOKENS,
-            "ignore_eos": True,
-            "stream": True,
-        }
-    )
-    head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    )
-    sock.sendall(head.encode() + body)
-    sock.setblocking(False)
-    return sock
 
 
 async def wait_until(predicate, what: str, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
@@ -78,7 +53,7 @@ async def test_a_reader_cut_off_for_falling_behind_has_its_generation_wound_up(
         labels = {"reason": "client_gone"}
         return ctx.metrics.registry.get_sample_value("rolloutgate_aborts_sent_total", labels) or 0.0
 
-    sock = open_slow_reader(gateway.url)
+    sock = open_slow_reader(gateway.url, MAX_TOKENS)
     try:
         await wait_until(lambda: engine.running_count == 1, "generation started")
         # The reader falls behind, is cut off, and after the grace its generation is aborted on the engine.

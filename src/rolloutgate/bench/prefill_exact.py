@@ -45,15 +45,16 @@ from rolloutgate.bench.prefill_measure import (
     Generation,
     Row,
     decode_during_storms,
+    json_safe,
     last_attempts,
     mean,
+    parse_seeds,
     percentile,
     pool,
     storm_span_end,
     table,
 )
 from rolloutgate.bench.prefill_replay import ROWS as REPLAY_ROWS
-from rolloutgate.bench.prefill_replay import _finite
 from rolloutgate.bench.replay_scenario import ReplayConfig
 from rolloutgate.core.config import GatewayCoreConfig
 
@@ -64,7 +65,6 @@ __all__ = (
     "main",
     "max_long_prefills_at_once",
     "measure",
-    "parse_seeds",
     "pool_runs",
     "run_seeds",
 )
@@ -261,17 +261,6 @@ def run_seeds(
     return per_mode
 
 
-def parse_seeds(text: str) -> list[int]:
-    """`0-39`, `0,1,2` or a mix (`0-3,7`) as a list of seeds."""
-    seeds: list[int] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        lo, dash, hi = part.partition("-")
-        seeds += list(range(int(lo), int(hi) + 1)) if dash else [int(part)]
-    return seeds
-
-
 def _per_seed_lines(per_mode: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(
         f"seed {off['seed']}: tokens/s {off['tokens_per_s']:.1f} -> {on['tokens_per_s']:.1f}, "
@@ -338,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             m: [{k: v for k, v in f.items() if k != "raw"} for f in runs] for m, runs in per_mode.items()
         },
     }
-    (args.out / "prefill_exact.json").write_text(json.dumps(_finite(result), indent=2))
+    (args.out / "prefill_exact.json").write_text(json.dumps(json_safe(result), indent=2))
     (args.out / "prefill_exact.md").write_text(f"{text}\n\n{intervals}\n\n{per_seed}\n")
     return 0
 

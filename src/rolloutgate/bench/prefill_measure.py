@@ -1,6 +1,7 @@
 """The figures of prefill-aware admission, off against on: one definition for every benchmark that shows them.
 
-Used by bench/prefill_storm.py (its own storm workload) and bench/prefill_replay.py (the incident replay). Every
+Used by bench/prefill_storm.py (its own storm workload), bench/prefill_replay.py (the incident replay) and
+bench/prefill_exact.py (the replay's workload in the exact world). Every
 time is in simulated seconds.
 
 - **co-located decode rate during storms** (engine side, from each generation's token times, the simulator's
@@ -32,8 +33,10 @@ __all__ = (
     "DecodeDuringStorms",
     "Generation",
     "decode_during_storms",
+    "json_safe",
     "last_attempts",
     "mean",
+    "parse_seeds",
     "percentile",
     "pool",
     "split_rid",
@@ -225,3 +228,25 @@ def _change(off: Any, on: Any) -> str:
     if not (math.isfinite(off) and math.isfinite(on)):
         return ""
     return f"{100 * (on - off) / off:+.1f}%"
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`0-39`, `0,1,2` or a mix (`0-3,7`) as a list of seeds (the benchmarks' `--seeds`)."""
+    seeds: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        lo, dash, hi = part.partition("-")
+        seeds += list(range(int(lo), int(hi) + 1)) if dash else [int(part)]
+    return seeds
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with NaN and infinities as None (JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value

@@ -39,7 +39,6 @@ import argparse
 import asyncio
 import json
 import logging
-import math
 import sys
 import time
 from dataclasses import replace
@@ -54,7 +53,9 @@ from rolloutgate.bench.prefill_measure import (
     Generation,
     Row,
     decode_during_storms,
+    json_safe,
     last_attempts,
+    parse_seeds,
     percentile,
     pool,
     split_rid,
@@ -336,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("out/prefill-replay"))
     args = parser.parse_args(argv)
     logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
-    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    seeds = parse_seeds(args.seeds)
     if not seeds:
         parser.error("--seeds needs at least one seed")
     config = replace(defaults, time_scale=args.time_scale, agents=args.agents, duration_s=args.duration)
@@ -373,20 +374,9 @@ def main(argv: list[str] | None = None) -> int:
         "per_seed": {m: [_strip(f) for f in runs] for m, runs in per_mode.items()},
         "disturbed": disturbed,
     }
-    summary_path.write_text(json.dumps(_finite(result), indent=2))
+    summary_path.write_text(json.dumps(json_safe(result), indent=2))
     (args.out / "prefill_replay.md").write_text(text + "\n\n" + per_seed + "\n")
     return 0
-
-
-def _finite(value: Any) -> Any:
-    """`value` with NaN and infinities as None (JSON has neither)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 if __name__ == "__main__":

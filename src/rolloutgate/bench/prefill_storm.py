@@ -52,6 +52,7 @@ from rolloutgate.bench.prefill_measure import (
     Row,
     decode_during_storms,
     last_attempts,
+    parse_seeds,
     percentile,
     pool,
     storm_span_end,
@@ -360,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
         parser.error(f"--modes takes {', '.join(MODES)}")
-    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    seeds = parse_seeds(args.seeds)
     per_seed: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     for seed in seeds:
         seeded = replace(config, seed=seed)

@@ -66,16 +66,8 @@ class OpenAIRoutes:
         status = engine.refusal_status()
         if status is not None:
             return self.error("The server is refusing new requests (simulated fault).", status)
-        if (
-            self.flavour == "vllm"
-            and engine.config.vllm_reject_while_paused
-            and engine.model.pause_mode
-            in (
-                "abort",
-                "drain",
-                "wait",
-            )
-        ):
+        paused_to_reject = engine.model.pause_mode in ("abort", "drain", "wait")
+        if self.flavour == "vllm" and engine.config.vllm_reject_while_paused and paused_to_reject:
             return self.error("The engine is paused; retry after it resumes.", 503)
         return None
 
