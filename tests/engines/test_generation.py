@@ -57,14 +57,18 @@ def _stream(*events: bytes, done: bool = True) -> list[bytes]:
 
 
 class Sink:
-    """An `on_event` that keeps the events; with `stop_after`, it stops the call after that many."""
+    """An `on_events` that keeps the events (and each call's count); with `stop_after`, it stops the call once
+    it has that many."""
 
     def __init__(self, stop_after: int | None = None) -> None:
         self.events: list[UpstreamEvent] = []
+        self.calls: list[int] = []
         self._stop_after = stop_after
 
-    def __call__(self, event: UpstreamEvent) -> bool:
-        self.events.append(event)
+    def __call__(self, events: list[UpstreamEvent]) -> bool:
+        assert events, "never called without events"
+        self.events.extend(events)
+        self.calls.append(len(events))
         return self._stop_after is None or len(self.events) < self._stop_after
 
 
@@ -94,7 +98,7 @@ async def _push(url: str, session: aiohttp.ClientSession, pool: UpstreamPool | N
         headers={},
         timeouts=ControlTimeouts(),
         decoder=GenerateDecoder(HINT),
-        on_event=sink,
+        on_events=sink,
     )
 
 
@@ -178,7 +182,7 @@ async def test_the_request_body_is_not_held_while_the_answer_streams(
     alone = sys.getrefcount(body)  # this frame's reference (and the call's argument)
     references: list[int] = []
 
-    def on_event(event: UpstreamEvent) -> bool:
+    def on_events(events: list[UpstreamEvent]) -> bool:
         references.append(sys.getrefcount(body))
         return True
 
@@ -190,7 +194,7 @@ async def test_the_request_body_is_not_held_while_the_answer_streams(
         headers={},
         timeouts=ControlTimeouts(),
         decoder=GenerateDecoder(HINT),
-        on_event=on_event,
+        on_events=on_events,
     )
     assert references == [alone]
     pool.close()

@@ -208,6 +208,41 @@ async def test_push_hands_each_piece_over_as_it_arrives_and_the_connection_is_re
     pool.close()
 
 
+async def test_push_hands_the_chunks_of_one_read_over_together(server: ScriptedServer) -> None:
+    """A streaming answer's tokens arrive several to a read: the sink gets them in one piece, so the driver
+    reports them to the core once."""
+    head, *chunks = _chunked(b"one", b"two", b"three")
+    server.script = lambda _request: [head, b"".join(chunks)]  # the body in one write, after the head
+    server.gap_s = 0.05  # the push starts before the body arrives
+    pool = UpstreamPool(server.url)
+    seen = Collected()
+    async with pool.post("/generate", b"{}", {}) as response:
+        try:
+            await response.start_push(seen.keep)
+        finally:
+            response.stop_push()
+    assert seen.pieces == [b"onetwothree"]
+    assert pool.idle_count == 1
+    pool.close()
+
+
+async def test_a_read_that_ends_in_garbage_hands_over_what_came_before_it(server: ScriptedServer) -> None:
+    head, first, *_ = _chunked(b"good")
+    server.script = lambda _request: [head, first + b"zz\r\n"]  # a chunk, then no chunk size
+    server.gap_s = 0.05
+    pool = UpstreamPool(server.url)
+    seen = Collected()
+    with pytest.raises(UpstreamProtocolError):
+        async with pool.post("/generate", b"{}", {}) as response:
+            try:
+                await response.start_push(seen.keep)
+            finally:
+                response.stop_push()
+    assert seen.pieces == [b"good"]
+    assert pool.idle_count == 0
+    pool.close()
+
+
 async def test_push_takes_what_was_queued_before_it_started(server: ScriptedServer) -> None:
     server.script = lambda _request: _chunked(b"early", b"late")
     pool = UpstreamPool(server.url)

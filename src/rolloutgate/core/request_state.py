@@ -38,6 +38,10 @@ class RequestState(enum.Enum):
     TIMED_OUT = "timed_out"
     CANCELLED = "cancelled"  # the client left and no retry attached: forgotten without an answer
 
+    # Members are singletons compared by identity, so identity hashing is consistent with equality; Enum's
+    # own __hash__ is a Python-level call (hash of the name), paid twice on every state change (the table).
+    __hash__ = object.__hash__
+
 
 _ENDS = frozenset({RequestState.DONE, RequestState.FAILED, RequestState.TIMED_OUT, RequestState.CANCELLED})
 TERMINAL_STATES = _ENDS

@@ -7,13 +7,14 @@ aiohttp, a 2xx check, an SSE stream or one whole body) and differs only in how a
 
 - pulled, `pull_generation(...)`: an async iterator of events (`EngineClient.generate`), read in batches of
   one socket read each (`SseEvents`);
-- pushed, `push_generation(..., on_event)`: each event goes to `on_event` synchronously, from the read of the
-  socket that completed it (`UpstreamResponse.push`), with no task switch and no async iterator per event.
-  This is the driver's path (`deliver`): at RL scale (thousands of streams, an event per stream every second
-  or so) every event is a socket read of its own, and the pulled path's wake-up and frame switches were most
-  of the gateway's CPU per event (docs/benchmarks.md). `on_event` returning False stops the call: the
-  connection is closed (the engine's abort, as when a pulled iterator is closed early). Through aiohttp (no
-  lean pool) the push is emulated with batches.
+- pushed, `push_generation(..., on_events)`: the events of each socket read go to `on_events` together,
+  synchronously, from the read that completed them (`UpstreamResponse.push`), with no task switch and no
+  async iterator per event. This is the driver's path (`deliver`): at RL scale (thousands of streams, an
+  event per stream every second or so) every event is a socket read of its own, and the pulled path's
+  wake-up and frame switches were most of the gateway's CPU per event (docs/benchmarks.md); a streaming
+  client's tokens, one event each, arrive several to a read, and the driver reports them to the core once
+  per read. `on_events` returning False stops the call: the connection is closed (the engine's abort, as
+  when a pulled iterator is closed early). Through aiohttp (no lean pool) the push is emulated with batches.
 
 Both raise UpstreamError for connection failures, non-2xx answers, error events, unreadable or truncated
 streams (`map_exceptions`); cancellation closes the connection.
@@ -61,7 +62,8 @@ __all__ = (
     "whole_body_event",
 )
 
-EventSink = Callable[[UpstreamEvent], bool]  # an event -> keep going (False: stop the call)
+# The events of one read, in order -> keep going (False: stop the call). Never called with an empty list.
+EventSink = Callable[[list[UpstreamEvent]], bool]
 
 
 class EventDecoder(Protocol):
@@ -160,10 +162,10 @@ async def push_generation(
     headers: Mapping[str, str],
     timeouts: ControlTimeouts,
     decoder: EventDecoder,
-    on_event: EventSink,
+    on_events: EventSink,
 ) -> None:
-    """Run the call, handing each event to `on_event` as it arrives; returns after the last one, or as soon
-    as `on_event` returns False (the connection is closed then).
+    """Run the call, handing the events of each read to `on_events` as they arrive; returns after the last
+    one, or as soon as `on_events` returns False (the connection is closed then).
 
     One coroutine frame for the whole call (no context-manager or helper frames): it is held for as long as
     the generation runs, by every stream in flight (docs/benchmarks.md, memory per stream)."""
@@ -174,12 +176,12 @@ async def push_generation(
         async with post as resp:
             await raise_for_status(resp, what=what)
             if resp.content_type != "text/event-stream":
-                on_event(whole_body_event(await resp.read(), hint=decoder.hint))
+                on_events([whole_body_event(await resp.read(), hint=decoder.hint)])
                 return
             if not isinstance(resp, UpstreamResponse):
-                await _push_batches(resp, decoder, on_event)
+                await _push_batches(resp, decoder, on_events)
                 return
-            sink = _SsePush(decoder, on_event)
+            sink = _SsePush(decoder, on_events)
             try:
                 await resp.start_push(sink)
             finally:
@@ -198,48 +200,71 @@ async def push_generation(
             raise UpstreamError("the engine's stream ended before [DONE]", retryable=True)
 
 
-async def _push_batches(resp: Any, decoder: EventDecoder, on_event: EventSink) -> None:
+async def _push_batches(resp: Any, decoder: EventDecoder, on_events: EventSink) -> None:
     """Push emulated over a response that cannot push (aiohttp's): batches of one read each."""
     events = SseEvents(resp)
     while batch := await events.next_batch():
-        for data in batch:
-            if not on_event(decoder.decode(data)):
-                resp.close()
-                return
+        if not _hand_over(batch, decoder, on_events)[1]:
+            resp.close()
+            return
+
+
+def _hand_over(payloads: list[bytes], decoder: EventDecoder, on_events: EventSink) -> tuple[bool, bool]:
+    """Decode the payloads of one read and hand their events over together: (saw [DONE], keep going).
+
+    Events after [DONE] are ignored. An event that cannot be decoded (an error event, a non-object) raises,
+    after the events before it were handed over, as they were when each went over alone."""
+    events: list[UpstreamEvent] = []
+    saw_done = False
+    try:
+        for data in payloads:
+            if data == DONE:
+                saw_done = True
+                break
+            events.append(decoder.decode(data))
+    except UpstreamError:
+        if events:
+            on_events(events)
+        raise
+    keep_going = on_events(events) if events else True
+    return saw_done, keep_going
 
 
 class _SsePush:
-    """The sink of a pushed SSE body: parses each piece and hands the decoded events over."""
+    """The sink of a pushed SSE body: parses each piece and hands its decoded events over together."""
 
-    __slots__ = ("_decoder", "_on_event", "_parser", "saw_done", "stopped")
+    __slots__ = ("_decoder", "_on_events", "_parser", "saw_done", "stopped")
 
-    def __init__(self, decoder: EventDecoder, on_event: EventSink) -> None:
+    def __init__(self, decoder: EventDecoder, on_events: EventSink) -> None:
         self._decoder = decoder
-        self._on_event = on_event
+        self._on_events = on_events
         self._parser = SseParser()
         self.saw_done = False
         self.stopped = False
 
     def __call__(self, piece: bytes) -> bool:
-        decode, on_event = self._decoder.decode, self._on_event
-        for data in self._parser.feed(piece):
-            if data == DONE:
-                self.saw_done = True
-                return False
-            if not on_event(decode(data)):
-                self.stopped = True
-                return False
+        payloads = self._parser.feed(piece)
+        if not payloads:
+            return True
+        saw_done, keep_going = _hand_over(payloads, self._decoder, self._on_events)
+        if not keep_going:
+            self.stopped = True
+            return False
+        if saw_done:
+            self.saw_done = True
+            return False
         return True
 
     def tail(self) -> bytes | None:
         return self._parser.finish()
 
 
-async def pull_into(events: AsyncIterator[UpstreamEvent], on_event: EventSink) -> None:
-    """Hand the events of a pulled call to `on_event`, closing the iterator when it returns False."""
+async def pull_into(events: AsyncIterator[UpstreamEvent], on_events: EventSink) -> None:
+    """Hand the events of a pulled call to `on_events` one by one, closing the iterator when it returns
+    False."""
     try:
         async for event in events:
-            if not on_event(event):
+            if not on_events([event]):
                 return
     finally:
         close = getattr(events, "aclose", None)
@@ -247,13 +272,14 @@ async def pull_into(events: AsyncIterator[UpstreamEvent], on_event: EventSink) -
             await close()
 
 
-def deliver(client: Any, call: UpstreamCall, on_event: EventSink) -> Awaitable[None]:
-    """Run `call` on an engine client, handing each event to `on_event`: pushed where the client can
-    (`stream_into(call, on_event)`), else pulled from `generate(call)`. The awaitable raises UpstreamError."""
+def deliver(client: Any, call: UpstreamCall, on_events: EventSink) -> Awaitable[None]:
+    """Run `call` on an engine client, handing its events to `on_events`: pushed a read at a time where the
+    client can (`stream_into(call, on_events)`), else pulled from `generate(call)`. The awaitable raises
+    UpstreamError."""
     push = getattr(client, "stream_into", None)
     if push is not None:
-        return push(call, on_event)  # type: ignore[no-any-return]
-    return pull_into(client.generate(call), on_event)
+        return push(call, on_events)  # type: ignore[no-any-return]
+    return pull_into(client.generate(call), on_events)
 
 
 def whole_body_event(body: bytes, *, hint: AssemblyHint) -> UpstreamEvent:

@@ -83,7 +83,7 @@ def push_openai_call(
     session: aiohttp.ClientSession,
     url: str,
     body: Mapping[str, Any],
-    on_event: EventSink,
+    on_events: EventSink,
     *,
     headers: Mapping[str, str],
     timeouts: ControlTimeouts,
@@ -91,7 +91,7 @@ def push_openai_call(
     wants_usage: bool,
     upstream: UpstreamPool | None = None,
 ) -> Awaitable[None]:
-    """`run_openai_call`, its events handed to `on_event` as they arrive (engines/generation.py)."""
+    """`run_openai_call`, its events handed to `on_events` a read at a time (engines/generation.py)."""
     return push_generation(
         session,
         upstream,
@@ -100,7 +100,7 @@ def push_openai_call(
         headers=headers,
         timeouts=timeouts,
         decoder=OpenAIDecoder(hint, wants_usage=wants_usage),
-        on_event=on_event,
+        on_events=on_events,
     )
 
 

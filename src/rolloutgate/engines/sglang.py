@@ -118,8 +118,8 @@ class SglangClient:
             upstream=self._upstream,
         )
 
-    def stream_into(self, call: UpstreamCall, on_event: EventSink) -> Awaitable[None]:
-        """`generate`, each event handed to `on_event` as it arrives (engines/generation.py)."""
+    def stream_into(self, call: UpstreamCall, on_events: EventSink) -> Awaitable[None]:
+        """`generate`, its events handed to `on_events` a read at a time (engines/generation.py)."""
         if call.route is Route.GENERATE:
             return push_generation(
                 self._session,
@@ -129,14 +129,14 @@ class SglangClient:
                 headers=call.headers,
                 timeouts=self._timeouts,
                 decoder=GenerateDecoder(self._hint),
-                on_event=on_event,
+                on_events=on_events,
             )
         body = self._openai_body(call)
         return push_openai_call(
             self._session,
             self.url + call.route.value,
             body,
-            on_event,
+            on_events,
             headers=call.headers,
             timeouts=self._timeouts,
             hint=self._hint,

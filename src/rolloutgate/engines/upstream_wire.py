@@ -7,8 +7,10 @@ The body goes one of two ways:
 - pulled (the default): pieces are queued as they arrive (a chunk split across reads is handed out in parts:
   the SSE parser takes any split) and `readany()` takes them all; reading is paused above `_HIGH_WATER`
   queued bytes and resumed below it once read;
-- pushed (`start_push(sink)`): each piece is handed to `sink` synchronously, in the read that brought it, so
-  a consumer that handles events at once (the driver) costs no task switch per piece. The returned future is
+- pushed (`start_push(sink)`): the body bytes of each read are handed to `sink` synchronously, in one piece,
+  at the end of the read that brought them (several chunks of one read together: a streaming answer's
+  tokens arrive several to a read and the driver then handles them at once), so a consumer that handles
+  events at once (the driver) costs no task switch per piece. The returned future is
   done when the body ends, when the connection fails (its exception), when `sink` raises (that exception),
   or when `sink` returns False (stop: the caller closes the connection). `stop_push()` detaches the sink.
 
@@ -87,7 +89,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._raw = bytearray()
         self._state = _IDLE
         self._remaining = 0
-        self._pieces: list[bytes] = []  # body bytes not read yet (a reader takes them all at once)
+        # body bytes not read yet (a reader takes them all at once); pushing, those of this read not yet pushed
+        self._pieces: list[bytes] = []
         self._buffered = 0
         self._is_paused = False
         self._write_paused = False
@@ -151,6 +154,8 @@ class UpstreamConnection(asyncio.Protocol):
         except (ValueError, UnicodeDecodeError, IndexError) as exc:
             self._fail(UpstreamProtocolError(f"unreadable HTTP answer: {exc}"))
             return
+        if self._sink is not None and self._pieces:
+            self._push_read()
         if buffer is raw:
             del raw[:consumed]
         elif consumed < len(data):
@@ -273,7 +278,7 @@ class UpstreamConnection(asyncio.Protocol):
         if not piece:
             return
         if self._sink is not None:
-            self._deliver(piece)
+            self._pieces.append(piece)  # pushed together once the read is parsed (`_push_read`)
             return
         self._pieces.append(piece)
         self._buffered += len(piece)
@@ -284,10 +289,14 @@ class UpstreamConnection(asyncio.Protocol):
 
     def _finish_body(self) -> None:
         self._state = _DONE
+        if self._sink is not None and self._pieces:
+            self._push_read()
         self._wake()
         self._settle_push(None)
 
     def _fail(self, error: BaseException) -> None:
+        if self._sink is not None and self._pieces:
+            self._push_read()  # what the read brought before the fault, as if handed over piece by piece
         self._error = error
         self.is_reusable = False
         self._wake()
@@ -396,6 +405,13 @@ class UpstreamConnection(asyncio.Protocol):
         """Detach the sink; later body pieces queue for `readany()` again."""
         self._sink = None
         self._push_done = None
+
+    def _push_read(self) -> None:
+        """Hand the body pieces parsed from one read to the sink, in one piece."""
+        pieces = self._pieces
+        piece = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        pieces.clear()
+        self._deliver(piece)
 
     def _deliver(self, piece: bytes) -> None:
         sink = self._sink

@@ -108,15 +108,15 @@ class VllmClient:
             upstream=self._upstream,
         )
 
-    def stream_into(self, call: UpstreamCall, on_event: EventSink) -> Awaitable[None]:
-        """`generate`, each event handed to `on_event` as it arrives (engines/generation.py)."""
+    def stream_into(self, call: UpstreamCall, on_events: EventSink) -> Awaitable[None]:
+        """`generate`, its events handed to `on_events` a read at a time (engines/generation.py)."""
         if call.route is Route.GENERATE:
-            return pull_into(generate_unsupported("vLLM"), on_event)
+            return pull_into(generate_unsupported("vLLM"), on_events)
         return push_openai_call(
             self._session,
             self.url + call.route.value,
             streaming_body(call.body),
-            on_event,
+            on_events,
             headers={**call.headers, "X-Request-Id": call.request_id},
             timeouts=self._timeouts,
             hint=self._hint,

@@ -392,10 +392,11 @@ class Driver:
 
 
 class _AttemptSink:
-    """What to do with each event of one attempt, called as the event arrives (engines/generation.py):
-    progress to the core, then the event to the streaming client or the assembler. Returns False once the
-    attempt is stale or its exchange ended (the upstream call is closed then). A slotted object rather than
-    a closure: one is held by every stream in flight (a closure and its cells are five times the size)."""
+    """What to do with the events of one attempt, called with each read's events as they arrive
+    (engines/generation.py): progress to the core, once per read (the tokens of every event in it), then each
+    event to the streaming client or the assembler. Returns False once the attempt is stale or its exchange
+    ended (the upstream call is closed then). A slotted object rather than a closure: one is held by every
+    stream in flight (a closure and its cells are five times the size)."""
 
     __slots__ = ("_attempt", "_driver", "_exchange")
 
@@ -404,24 +405,31 @@ class _AttemptSink:
         self._exchange = exchange
         self._attempt = attempt
 
-    def __call__(self, event: UpstreamEvent) -> bool:
+    def __call__(self, events: list[UpstreamEvent]) -> bool:
         exchange, attempt = self._exchange, self._attempt
         if exchange.attempt != attempt or exchange.ended:
             return False
         driver = self._driver
-        driver.handle(ProgressReported(request_id=exchange.request_id, tokens=event.tokens, attempt=attempt))
-        driver.metrics.generated_tokens.inc(event.tokens)
+        tokens = events[0].tokens if len(events) == 1 else sum(event.tokens for event in events)
+        # One report for the read: the core sees the same tokens at the same instant as it would event by
+        # event, and its verdicts come before any of the read's events reaches the client.
+        driver.handle(ProgressReported(request_id=exchange.request_id, tokens=tokens, attempt=attempt))
+        driver.metrics.generated_tokens.inc(tokens)
         if exchange.ended:
             return False  # an overdue verdict fired in `handle` and ended it (release_request ran)
-        if exchange.client_streams:
+        if not exchange.client_streams:
+            assert exchange.assembler is not None
+            for event in events:
+                exchange.assembler.add(event)
+            return True
+        for event in events:
+            if exchange.ended:
+                return False  # ended while this read's events went out (e.g. its reader was cut off)
             if event.is_gateway_only:
-                return True  # e.g. the usage frame the gateway asked for and the client did not
+                continue  # e.g. the usage frame the gateway asked for and the client did not
             exchange.delivered_tokens += event.tokens
             if event.assembly is not None and event.assembly.is_incremental_generate:
                 exchange.cumulative = False
             stitcher = exchange.stitcher
             exchange.send_event(event.data if stitcher is None else stitcher.stitch(event.data))
-        else:
-            assert exchange.assembler is not None
-            exchange.assembler.add(event)
         return True

@@ -136,6 +136,14 @@ async def write_outcome(
             return await _write_error(request, response, item, streams)
 
 
+class _LateHeadersResponse(web.StreamResponse):
+    """A StreamResponse whose headers go out with its first write (as `web.Response` sends them), not alone
+    when prepared: `_start` is always followed by a write (events, keep-alive bytes or the end), so the
+    client gets one send instead of two. aiohttp's own switch for this is the class attribute below."""
+
+    _send_headers_immediately = False
+
+
 async def _start(
     request: web.Request, streams: bool, timing_header: str, exchange: Exchange
 ) -> web.StreamResponse:
@@ -145,7 +153,7 @@ async def _start(
         headers["X-Rolloutgate-Timing"] = timing_header  # as of the first byte; the final one is in the body
     if exchange.engine_url:
         headers["X-Rolloutgate-Engine"] = exchange.engine_url
-    response = web.StreamResponse(status=200, headers=headers)
+    response = _LateHeadersResponse(status=200, headers=headers)
     await response.prepare(request)
     exchange.committed = True
     return response
@@ -159,8 +167,7 @@ async def _write_finished(
         if response is None:
             exchange.engine_url = item.engine_url
             response = await _start(request, True, timing.header_value(), exchange)
-        await response.write(b": rolloutgate-timing " + timing.header_value().encode() + b"\n\n" + SSE_DONE)
-        await response.write_eof()
+        await response.write_eof(b": rolloutgate-timing " + timing.header_value().encode() + b"\n\n" + SSE_DONE)
         return response
     body = item.body if item.body is not None else b"{}"
     if response is None:
@@ -171,8 +178,7 @@ async def _write_finished(
             headers["X-Rolloutgate-Engine"] = item.engine_url
         return web.Response(body=body, headers=headers)
     # Headers went out with keep-alive: the final breakdown travels in the body, as one more field.
-    await response.write(with_field(body, b"rolloutgate_timing", orjson.dumps(timing.as_dict())))
-    await response.write_eof()
+    await response.write_eof(with_field(body, b"rolloutgate_timing", orjson.dumps(timing.as_dict())))
     return response
 
 
@@ -191,12 +197,10 @@ async def _write_error(
     if response is None:
         return web.Response(status=error.status, body=error.body(), headers=error.headers())
     if streams:
-        await response.write(b"data: " + error.body() + b"\n\n" + SSE_DONE)
-        await response.write_eof()
+        await response.write_eof(b"data: " + error.body() + b"\n\n" + SSE_DONE)
         return response
     # The error object, then a second JSON value: the body as a whole is not valid JSON, so every client
     # raises once (the OpenAI SDK a JSONDecodeError, LiteLLM an InternalServerError, an httpx user's
     # .json() a JSONDecodeError) instead of parsing a 200 as a completion, and none of them retries.
-    await response.write(error.body() + ERROR_TRAILER)
-    await response.write_eof()
+    await response.write_eof(error.body() + ERROR_TRAILER)
     return response
