@@ -167,7 +167,9 @@ async def _write_finished(
         if response is None:
             exchange.engine_url = item.engine_url
             response = await _start(request, True, timing.header_value(), exchange)
-        await response.write_eof(b": rolloutgate-timing " + timing.header_value().encode() + b"\n\n" + SSE_DONE)
+        await response.write_eof(
+            b": rolloutgate-timing " + timing.header_value().encode() + b"\n\n" + SSE_DONE
+        )
         return response
     body = item.body if item.body is not None else b"{}"
     if response is None:
