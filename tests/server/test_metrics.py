@@ -3,8 +3,12 @@ standard client's would."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
 from rolloutgate.core.timing import TimingBreakdown
-from rolloutgate.server.metrics import Metrics
+from rolloutgate.server.metrics import CLOCK_BUCKETS, CLOCKS, LightHistograms, Metrics
 
 
 def _samples(text: str, name: str) -> dict[str, float]:
@@ -46,3 +50,24 @@ def test_each_clock_of_a_request_is_observed_once() -> None:
     ):
         assert counts[f'rolloutgate_clock_seconds_count{{clock="{clock}"}}'] == 2.0
         assert sums[f'rolloutgate_clock_seconds_sum{{clock="{clock}"}}'] == 2 * seconds
+
+
+@given(st.lists(st.tuples(st.integers(0, 4), st.floats(0, 5000, allow_nan=False)), max_size=200))
+@settings(max_examples=50, deadline=None)
+def test_light_histograms_export_what_prometheus_client_histograms_would(
+    observations: list[tuple[int, float]],
+) -> None:
+    reference_registry, light_registry = CollectorRegistry(), CollectorRegistry()
+    reference = Histogram("h_seconds", "doc", ["clock"], buckets=CLOCK_BUCKETS, registry=reference_registry)
+    light = LightHistograms(
+        "h_seconds", "doc", label="clock", values=CLOCKS, buckets=CLOCK_BUCKETS, registry=light_registry
+    )
+    for clock in CLOCKS:
+        reference.labels(clock=clock)  # every child exported, observed or not, as the light one does
+    for index, value in observations:
+        reference.labels(clock=CLOCKS[index]).observe(value)
+        light.observe(index, value)
+    expected = [
+        line for line in generate_latest(reference_registry).decode().splitlines() if "_created" not in line
+    ]
+    assert sorted(generate_latest(light_registry).decode().splitlines()) == sorted(expected)

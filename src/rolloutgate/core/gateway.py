@@ -112,15 +112,28 @@ class Gateway(GatewayLedger):
 
     # --- public API ----------------------------------------------------------------------------------------
 
-    def handle(self, event: Event, now: float) -> list[Command]:
+    def handle(self, event: Event, now: float, *, defer_deadlines: bool = False) -> list[Command]:
         """Apply one event at time `now`; return the commands to execute, in order.
 
+        The real-time deadlines the event moved are recomputed before the call returns, or, with
+        `defer_deadlines`, at the next `flush_deadlines` (see there).
         Raises ValueError for a `RequestArrived` whose id is still live (the edge must use unique ids).
         """
         out = self._handlers[type(event)](event, now)
-        if self._dirty:
+        if self._dirty and not defer_deadlines:
             self._flush_deadlines(now)
         return out
+
+    def flush_deadlines(self, now: float) -> None:
+        """Recompute the real-time deadlines of the engines that events handled with `defer_deadlines` touched.
+
+        An edge that handles many events at once (an event loop's iteration) recomputes each engine's
+        deadlines once for all of them instead of once per event. Until it does, `next_deadline()` may be
+        earlier than the truth (harmless: every verdict is checked again when its timer fires, and re-armed if
+        it is not due) or later by as long as the flush is deferred: the edge flushes within the same
+        iteration."""
+        if self._dirty:
+            self._flush_deadlines(now)
 
     def on_time(self, now: float) -> list[Command]:
         """Fire every deadline that has passed by `now`; return the resulting commands."""
