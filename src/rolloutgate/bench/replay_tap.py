@@ -139,8 +139,8 @@ class TappedGateway:
         core = driver.core
         handle, on_time = core.handle, core.on_time
 
-        def tapped_handle(event: Any, now: float) -> list[Command]:
-            return self._look(handle(event, now))
+        def tapped_handle(event: Any, now: float, *, defer_deadlines: bool = False) -> list[Command]:
+            return self._look(handle(event, now, defer_deadlines=defer_deadlines))
 
         def tapped_on_time(now: float) -> list[Command]:
             return self._look(on_time(now))

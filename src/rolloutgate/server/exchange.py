@@ -50,14 +50,19 @@ class Outbox:
     holds three deques and an Event, ~3 KB per subscriber, and costs several times more per item; measured in
     docs/benchmarks.md). `get(timeout_s)` raises TimeoutError when nothing came for that long (its deadline is
     an entry of the loop's shared `WaitDeadlines`, not a loop timer of its own).
+
+    A stream event wakes the waiting reader one loop step later (a terminal item wakes it at once): what the
+    same read of the engine's socket completes, more events and often the end of the answer (the upstream
+    task finishes in that step), is then in the outbox when the reader runs, and goes out in one write.
     """
 
-    __slots__ = ("_head", "_items", "_waiter", "buffered_bytes", "limit_bytes")
+    __slots__ = ("_head", "_items", "_waiter", "_waking", "buffered_bytes", "limit_bytes")
 
     def __init__(self) -> None:
         self._items: list[OutboxItem] = []
         self._head = 0  # items before it were taken
         self._waiter: asyncio.Future[bool] | None = None  # True: woken by the timeout
+        self._waking = False  # a wake-up of the reader is scheduled (`_wake`)
         self.buffered_bytes = 0
         self.limit_bytes = DEFAULT_CLIENT_BUFFER_BYTES
 
@@ -69,8 +74,16 @@ class Outbox:
 
     def put_nowait(self, item: OutboxItem) -> None:
         self._items.append(item)
-        if isinstance(item, bytes):
-            self.buffered_bytes += len(item)
+        if not isinstance(item, bytes):
+            self._wake()
+            return
+        self.buffered_bytes += len(item)
+        if self._waiter is not None and not self._waking:
+            self._waking = True
+            asyncio.get_running_loop().call_soon(self._wake)
+
+    def _wake(self) -> None:
+        self._waking = False
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(False)

@@ -129,6 +129,8 @@ async def write_outcome(
                     pending = following
                     break
                 frames += (b"data: ", following, b"\n\n")
+            if isinstance(pending, Finished):  # the stream's end came with them: one write for both
+                return await _write_finished(request, exchange, response, pending, b"".join(frames))
             await response.write(b"".join(frames))
         elif isinstance(item, Finished):
             return await _write_finished(request, exchange, response, item)
@@ -160,15 +162,20 @@ async def _start(
 
 
 async def _write_finished(
-    request: web.Request, exchange: Exchange, response: web.StreamResponse | None, item: Finished
+    request: web.Request,
+    exchange: Exchange,
+    response: web.StreamResponse | None,
+    item: Finished,
+    events: bytes = b"",
 ) -> web.StreamResponse:
+    """The end of a successful answer; `events`: stream events to write before it (framed already)."""
     timing = item.timing
     if exchange.client_streams:
         if response is None:
             exchange.engine_url = item.engine_url
             response = await _start(request, True, timing.header_value(), exchange)
         await response.write_eof(
-            b": rolloutgate-timing " + timing.header_value().encode() + b"\n\n" + SSE_DONE
+            events + b": rolloutgate-timing " + timing.header_value().encode() + b"\n\n" + SSE_DONE
         )
         return response
     body = item.body if item.body is not None else b"{}"
