@@ -77,6 +77,9 @@ class Harness:
     def fire(self) -> list[Command]:
         return self._record(self.gw.on_time(self.now))
 
+    def next_deadline(self) -> float:
+        return self.gw.next_deadline()
+
     def advance(self, seconds: float, streams: Mapping[str, float] | None = None) -> list[Command]:
         """Move time by `seconds`, firing deadlines and delivering stream progress in time order."""
         target = self.now + seconds
@@ -85,7 +88,7 @@ class Harness:
         out: list[Command] = []
         for _ in range(1_000_000):
             tick_rid, tick_at = min(next_tick.items(), key=lambda kv: kv[1], default=(None, math.inf))
-            deadline = self.gw.next_deadline()
+            deadline = self.next_deadline()
             step_at = min(tick_at, deadline)
             if step_at > target:
                 break
@@ -111,3 +114,19 @@ class Harness:
     def ended(self, request_id: str) -> list[Command]:
         """The Complete/Fail commands emitted for a request (exactly one once it ended)."""
         return [c for _, c in self.log if isinstance(c, (Complete, Fail)) and c.request_id == request_id]
+
+
+class DeferringHarness(Harness):
+    """The driver's way: events handled with `defer_deadlines`, the deadlines recomputed once before time
+    moves on (the driver flushes at the end of each loop iteration, before any timer can fire)."""
+
+    def send(self, event: Event) -> list[Command]:
+        return self._record(self.gw.handle(event, self.now, defer_deadlines=True))
+
+    def fire(self) -> list[Command]:
+        self.gw.flush_deadlines(self.now)
+        return super().fire()
+
+    def next_deadline(self) -> float:
+        self.gw.flush_deadlines(self.now)
+        return super().next_deadline()

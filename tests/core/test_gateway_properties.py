@@ -38,7 +38,7 @@ from rolloutgate.core.events import (
     UpstreamFinished,
 )
 from rolloutgate.core.timing import TimingBreakdown
-from tests.core.helpers import Harness
+from tests.core.helpers import DeferringHarness, Harness
 
 ENGINES = ("e1", "e2", "e3")
 EPS = 1e-6
@@ -88,8 +88,8 @@ op = st.one_of(
 
 
 class Checker:
-    def __init__(self, mode: ClockMode) -> None:
-        self.h = Harness(GatewayCoreConfig(clock_mode=mode, retry_grace_s=2.0, no_engine_grace_s=20.0))
+    def __init__(self, mode: ClockMode, harness: type[Harness] = Harness) -> None:
+        self.h = harness(GatewayCoreConfig(clock_mode=mode, retry_grace_s=2.0, no_engine_grace_s=20.0))
         self.mode = mode
         self.arrived: set[str] = set()
         self.ended: Counter[str] = Counter()
@@ -229,3 +229,20 @@ def test_random_event_sequences_keep_the_invariants(mode: ClockMode, steps: list
     for step in steps:
         checker.apply(step)
     checker.drain()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mode=st.sampled_from(list(ClockMode)), steps=st.lists(op, min_size=5, max_size=80))
+def test_deferred_deadlines_give_the_same_verdicts_at_the_same_times(
+    mode: ClockMode, steps: list[tuple[Any, ...]]
+) -> None:
+    """Events handled with `defer_deadlines` and flushed before time moves (the driver's way: once per loop
+    iteration) give exactly the commands, at exactly the times, of events flushed one by one."""
+    eager, deferred = Checker(mode), Checker(mode, DeferringHarness)
+    for checker in (eager, deferred):
+        for e in ENGINES[:2]:
+            checker.apply(("join", e, 2, math.inf, True))
+        for step in steps:
+            checker.apply(step)
+        checker.drain()
+    assert deferred.h.log == eager.h.log

@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
+from rolloutgate.core.timing import TimingBreakdown
 from rolloutgate.server.deadlines import WaitDeadlines, deadlines_of
-from rolloutgate.server.exchange import Outbox
+from rolloutgate.server.exchange import Finished, Outbox
 
 
 async def test_waits_time_out_in_deadline_order_and_one_that_got_its_item_does_not() -> None:
@@ -62,3 +63,37 @@ async def test_a_cancelled_wait_settles_its_deadline() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert len(deadlines_of(loop)) == 0
+
+
+async def test_a_stream_event_wakes_its_reader_after_what_the_same_step_completes() -> None:
+    """A read of the engine's socket puts the stream's last events in the outbox and settles the upstream
+    task, which puts the end one loop step later: the reader, woken a step later, finds both and writes
+    them together. A terminal item alone wakes the reader at once."""
+    loop = asyncio.get_running_loop()
+    timing = TimingBreakdown(
+        wall_s=1.0, queue_s=0.0, paused_s=0.0, contention_s=0.0, charged_s=1.0, stall_s=0.0, dispatched_s=1.0,
+        attempts=1,
+    )  # fmt: skip
+    finished = Finished(timing=timing)
+
+    async def read(outbox: Outbox) -> tuple[object, list[object]]:
+        """The first item, and what else was queued at the moment the reader got it."""
+        first = await outbox.get()
+        rest = []
+        while not outbox.empty():
+            rest.append(outbox.get_nowait())
+        return first, rest
+
+    events = Outbox()
+    reader = asyncio.create_task(read(events))
+    await asyncio.sleep(0)  # the reader waits
+    events.put_nowait(b"event")
+    loop.call_soon(events.put_nowait, finished)  # the upstream task's step, queued by the same read
+    assert await reader == (b"event", [finished])
+
+    ends = Outbox()
+    reader = asyncio.create_task(read(ends))
+    await asyncio.sleep(0)
+    ends.put_nowait(finished)
+    loop.call_soon(ends.put_nowait, b"late")
+    assert await reader == (finished, [])  # a terminal item does not wait for the next step
