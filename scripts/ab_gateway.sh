@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# A/B of the gateway's hot path: the code at <base> (a commit) against the working tree, in turns, on the same
+# simulated engine, in the same minutes. Prints req/s, p50 and the gateway's CPU per request for each run and
+# the medians; the CPU per request is the measure the machine's other load moves least.
+#
+#   scripts/ab_gateway.sh <base> [plain|stream] [connections] [seconds] [rounds]
+#   scripts/ab_gateway.sh HEAD~3 stream 1 4 4
+#
+# Pinning as in `make bench`: each gateway alone on CPU 0, the engine (the simulator's `fast` profile) and
+# wrk on CPU 1. Needs wrk and taskset; the project's .venv (make install). Servers bind to 127.0.0.1.
+set -euo pipefail
+
+base=${1:?usage: scripts/ab_gateway.sh <base-commit> [plain|stream] [connections] [seconds] [rounds]}
+mode=${2:-plain}
+conns=${3:-32}
+secs=${4:-4}
+rounds=${5:-3}
+root=$(cd "$(dirname "$0")/.." && pwd)
+python=$root/.venv/bin/python
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; git -C "$root" worktree remove --force "$work/base" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+
+git -C "$root" worktree add --detach -q "$work/base" "$base"
+
+stream=false
+[ "$mode" = stream ] && stream=true
+body="{\"input_ids\":[11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26],\"sampling_params\":{\"max_new_tokens\":16},\"stream\":$stream}"
+printf 'wrk.method="POST"\nwrk.headers["Content-Type"]="application/json"\nwrk.body=[==[%s]==]\n' "$body" >"$work/post.lua"
+
+taskset -c 1 "$python" -m rolloutgate sim --api sglang --profile fast --engines 1 --base-port 0 >"$work/sim.out" 2>&1 &
+for _ in $(seq 100); do grep -q "^engine 0" "$work/sim.out" && break; sleep 0.2; done
+engine=$(grep -oE "http://[^ ]+" "$work/sim.out" | head -1)
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+run_once() {  # <label> <source tree>
+	local label=$1 tree=$2 port gateway ticks0 ticks1 out count
+	port=$((20000 + RANDOM % 20000))
+	PYTHONPATH=$tree/src taskset -c 0 "$python" -m rolloutgate serve --host 127.0.0.1 --port "$port" \
+		--engine "sglang+$engine" --log-level warning --progress-every-tokens 64 >"$work/gw.out" 2>&1 &
+	gateway=$!
+	for _ in $(seq 150); do curl -sf "http://127.0.0.1:$port/ready" >/dev/null && break; sleep 0.2; done
+	taskset -c 1 wrk -t1 -c"$conns" -d1s -s "$work/post.lua" "http://127.0.0.1:$port/generate" >/dev/null
+	ticks0=$(cpu_ticks $gateway)
+	out=$(taskset -c 1 wrk -t1 -c"$conns" -d"${secs}s" --latency -s "$work/post.lua" "http://127.0.0.1:$port/generate")
+	ticks1=$(cpu_ticks $gateway)
+	kill -INT $gateway
+	wait $gateway 2>/dev/null || true
+	count=$(echo "$out" | grep -oE "^ +[0-9]+ requests" | grep -oE "[0-9]+")
+	printf '%s %s req/s %s p50 %s cpu_us_per_req %s\n' "$label" "$mode/$conns" \
+		"$(echo "$out" | awk '/Requests\/sec/ {print $2}')" "$(echo "$out" | awk '$1 == "50%" {print $2}')" \
+		"$(((ticks1 - ticks0) * 1000000 / $(getconf CLK_TCK) / count))"
+}
+
+for _ in $(seq "$rounds"); do
+	run_once base "$work/base" | tee -a "$work/results"
+	run_once tree "$root" | tee -a "$work/results"
+done
+echo "medians of CPU us per request:"
+for label in base tree; do
+	grep "^$label " "$work/results" | awk '{print $NF}' | sort -n | awk -v l="$label" \
+		'{a[NR]=$1} END {print l, (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2)}'
+done
