@@ -49,6 +49,7 @@ _OPENING_EVENTS = 8  # role-only chunks come first, one per choice (n <= 8 count
 _FINISH = re.compile(rb'"finish_reason"\s*:\s*(?:"([A-Za-z_]+)"|\{\s*"type"\s*:\s*"([A-Za-z_]+)")')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _INDEX = re.compile(rb'"index"\s*:\s*(\d+)')
+_INDEX_TAIL = 40  # batch and n>1 chunks end with their index: only this many bytes are searched
 
 
 def finish_reason_of(data: bytes) -> str | None:
@@ -70,6 +71,8 @@ def last_finish_reason_of(data: bytes) -> str | None:
     at = data.rfind(b'"finish_reason"')
     if at < 0:
         return None
+    if data.startswith(b":null", at + 15):
+        return None  # the common case, compact JSON: the choice runs
     match = _FINISH.match(data, at)
     if match is None:
         return None
@@ -85,10 +88,17 @@ def _last_int(pattern: re.Pattern[bytes], key: bytes, data: bytes) -> int | None
     return int(match.group(1)) if match else None
 
 
+def has_index(data: bytes) -> bool:
+    """Whether an SGLang `/generate` chunk may carry an `index` (see `index_of`): one byte scan of its tail,
+    no call; most streams have one choice and no index."""
+    start = len(data) - _INDEX_TAIL
+    return data.rfind(b'"index"', start if start > 0 else 0) >= 0
+
+
 def index_of(data: bytes) -> int | None:
     """The `index` of an SGLang `/generate` chunk, else None. Batch and n>1 streams add it as the chunk's
     last key, so only the tail is searched (the chunk may be megabytes long)."""
-    at = data.rfind(b'"index"', max(0, len(data) - 40))
+    at = data.rfind(b'"index"', max(0, len(data) - _INDEX_TAIL))
     if at < 0:
         return None
     match = _INDEX.match(data, at)
@@ -163,11 +173,13 @@ class CumulativeCounter:
         total = _last_int(_COMPLETION_TOKENS, b'"completion_tokens"', data)
         if total is None:
             return 1
-        index = index_of(data) or 0
-        if index == 0:
+        index = index_of(data) if has_index(data) else 0
+        if not index:
             before = self._first
-            self._first = max(before, total)
-            return max(0, total - before)
+            if total <= before:
+                return 0
+            self._first = total
+            return total - before
         others = self._others
         if others is None:
             others = self._others = {}

@@ -433,14 +433,15 @@ class _AttemptSink:
             for event in events:
                 exchange.assembler.add(event)
             return True
+        forwarded: list[bytes] = []
+        stitcher = exchange.stitcher
         for event in events:
-            if exchange.ended:
-                return False  # ended while this read's events went out (e.g. its reader was cut off)
             if event.is_gateway_only:
                 continue  # e.g. the usage frame the gateway asked for and the client did not
             exchange.delivered_tokens += event.tokens
             if event.assembly is not None and event.assembly.is_incremental_generate:
                 exchange.cumulative = False
-            stitcher = exchange.stitcher
-            exchange.send_event(event.data if stitcher is None else stitcher.stitch(event.data))
-        return True
+            forwarded.append(event.data if stitcher is None else stitcher.stitch(event.data))
+        if forwarded:
+            exchange.send_events(forwarded)
+        return not exchange.ended

@@ -20,7 +20,7 @@ from typing import Any
 from rolloutgate.core.timing import TimingBreakdown
 from rolloutgate.engines.assemble import ResponseAssembler
 from rolloutgate.engines.base import Route, UpstreamError
-from rolloutgate.engines.progress import index_of
+from rolloutgate.engines.progress import has_index, index_of
 from rolloutgate.errors import GatewayError, Unavailable
 from rolloutgate.server.continuation import GenerateStitcher
 from rolloutgate.server.deadlines import deadlines_of
@@ -78,6 +78,15 @@ class Outbox:
             self._wake()
             return
         self.buffered_bytes += len(item)
+        if self._waiter is not None and not self._waking:
+            self._waking = True
+            asyncio.get_running_loop().call_soon(self._wake)
+
+    def put_events(self, events: list[bytes]) -> None:
+        """`put_nowait` of each stream event, with one wake-up."""
+        self._items.extend(events)
+        for data in events:
+            self.buffered_bytes += len(data)
         if self._waiter is not None and not self._waking:
             self._waking = True
             asyncio.get_running_loop().call_soon(self._wake)
@@ -196,24 +205,32 @@ class Exchange:
         self.stitcher = None
         self.upstream_error = None
 
-    def send_event(self, data: bytes) -> None:
-        if not self.ended:
-            if self.history is not None:
-                if self.route is Route.GENERATE and self.cumulative:
-                    self._remember_latest(self.history, data)
+    def send_events(self, events: list[bytes]) -> None:
+        """Publish stream events (the events of one upstream read, in order) to every subscriber.
+
+        A subscriber that is then too far behind is coalesced (cumulative /generate) or cut off, once per
+        read: it may pass its limit by one read's worth first."""
+        if self.ended:
+            return
+        is_cumulative = self.route is Route.GENERATE and self.cumulative
+        history = self.history
+        if history is not None:
+            if is_cumulative:
+                for data in events:
+                    self._remember_latest(history, data)
+            else:
+                history.extend(events)
+        lagging = None
+        for queue in self.subscribers:
+            queue.put_events(events)
+            if queue.buffered_bytes > queue.limit_bytes:
+                lagging = [*(lagging or ()), queue]
+        if lagging:
+            for queue in lagging:
+                if is_cumulative:
+                    self._coalesce(queue, events[-1])
                 else:
-                    self.history.append(data)
-            lagging = None
-            for queue in self.subscribers:
-                queue.put_nowait(data)
-                if queue.buffered_bytes > queue.limit_bytes:
-                    lagging = [*(lagging or ()), queue]
-            if lagging:
-                for queue in lagging:
-                    if self.route is Route.GENERATE and self.cumulative:
-                        self._coalesce(queue, data)
-                    else:
-                        self._cut_off(queue)
+                    self._cut_off(queue)
 
     @staticmethod
     def _remember_latest(history: list[bytes], data: bytes) -> None:
@@ -221,7 +238,7 @@ class Exchange:
         and continuation read from them, engines/assemble.py), so the history keeps one chunk per choice.
         Keeping them all grows with the square of the length: measured 150 KB per stream after 120 tokens,
         megabytes after a thousand (docs/benchmarks.md)."""
-        index = index_of(data)
+        index = index_of(data) if has_index(data) else None
         if index is None:  # one choice, the usual case
             history.clear()
             history.append(data)
