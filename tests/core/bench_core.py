@@ -61,6 +61,31 @@ def progress_cost() -> float:
     )
 
 
+def lifecycle_cost(*, deferred: bool, batch: int = 32, rounds: int = 600) -> float:
+    """One request's three events at 32 connections (arrive and dispatch, one progress report, finish), in
+    batches of `batch` events of a kind at one instant, as a loop iteration brings them; `deferred`: the
+    driver's way (deadlines recomputed once per batch, `defer_deadlines` + `flush_deadlines`)."""
+    gw = Gateway(GatewayCoreConfig())
+    gw.handle(EngineJoined(engine_id="e0", capacity=4096), 1000.0)
+    now, spent = 1000.0, 0.0
+    for k in range(rounds):
+        ids = [f"{k:08d}-{i:04d}" for i in range(batch)]
+        batches = [
+            [RequestArrived(request_id=rid, prompt_tokens=16) for rid in ids],
+            [ProgressReported(request_id=rid, tokens=16) for rid in ids],
+            [UpstreamFinished(request_id=rid) for rid in ids],
+        ]
+        started = time.process_time()
+        for events in batches:
+            now += 0.001
+            for ev in events:
+                gw.handle(ev, now, defer_deadlines=deferred)
+            gw.flush_deadlines(now)
+            gw.next_deadline()
+        spent += time.process_time() - started
+    return spent / (rounds * batch)
+
+
 base = finish_cost(0, 0)
 print(f"UpstreamFinished, nothing waiting (complete only):     {base * 1e6:6.1f} us")
 for sessions in (0, 500):
@@ -71,3 +96,8 @@ for sessions in (0, 500):
             f"(dispatch decision + bookkeeping: {(t - base) * 1e6:5.1f} us)"
         )
 print(f"ProgressReported (streaming, not the first):           {progress_cost() * 1e9:6.0f} ns")
+for deferred in (False, True):
+    way = "deadlines once per batch of 32" if deferred else "deadlines after every event "
+    print(
+        f"request lifecycle (arrive, progress, finish), {way}: {lifecycle_cost(deferred=deferred) * 1e6:5.1f} us"
+    )
