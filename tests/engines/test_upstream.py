@@ -171,6 +171,15 @@ class Collected:
         return False
 
 
+async def _push_all(pool: UpstreamPool, seen: Collected) -> None:
+    """POST and push the whole answer into `seen`."""
+    async with pool.post("/generate", b"{}", {}) as response:
+        try:
+            await response.start_push(seen.keep)
+        finally:
+            response.stop_push()
+
+
 def _chunked(*pieces: bytes, end: bytes = b"0\r\n\r\n") -> list[bytes]:
     head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
     return [head, *(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces), end]
@@ -216,11 +225,7 @@ async def test_push_hands_the_chunks_of_one_read_over_together(server: ScriptedS
     server.gap_s = 0.05  # the push starts before the body arrives
     pool = UpstreamPool(server.url)
     seen = Collected()
-    async with pool.post("/generate", b"{}", {}) as response:
-        try:
-            await response.start_push(seen.keep)
-        finally:
-            response.stop_push()
+    await _push_all(pool, seen)
     assert seen.pieces == [b"onetwothree"]
     assert pool.idle_count == 1
     pool.close()
@@ -233,11 +238,7 @@ async def test_a_read_that_ends_in_garbage_hands_over_what_came_before_it(server
     pool = UpstreamPool(server.url)
     seen = Collected()
     with pytest.raises(UpstreamProtocolError):
-        async with pool.post("/generate", b"{}", {}) as response:
-            try:
-                await response.start_push(seen.keep)
-            finally:
-                response.stop_push()
+        await _push_all(pool, seen)
     assert seen.pieces == [b"good"]
     assert pool.idle_count == 0
     pool.close()
