@@ -87,9 +87,25 @@ op = st.one_of(
 )
 
 
+# mostly arrivals and ends, so that many requests arrive at an empty queue with slots free on several engines
+arrival_heavy = st.one_of(
+    arrive,
+    arrive,
+    arrive,
+    arrive,
+    st.tuples(st.just("finish"), rid),
+    st.tuples(st.just("finish"), rid),
+    progress,
+    advance,
+    op,
+)
+
+
 class Checker:
-    def __init__(self, mode: ClockMode, harness: type[Harness] = Harness) -> None:
-        self.h = harness(GatewayCoreConfig(clock_mode=mode, retry_grace_s=2.0, no_engine_grace_s=20.0))
+    def __init__(self, mode: ClockMode, harness: type[Harness] = Harness, **config: Any) -> None:
+        self.h = harness(
+            GatewayCoreConfig(clock_mode=mode, retry_grace_s=2.0, no_engine_grace_s=20.0, **config)
+        )
         self.mode = mode
         self.arrived: set[str] = set()
         self.ended: Counter[str] = Counter()
@@ -246,3 +262,27 @@ def test_deferred_deadlines_give_the_same_verdicts_at_the_same_times(
             checker.apply(step)
         checker.drain()
     assert deferred.h.log == eager.h.log
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    mode=st.sampled_from(list(ClockMode)),
+    placement=st.sampled_from(["session_affinity", "prefill_aware", "least_outstanding"]),
+    budgets=st.tuples(*[st.sampled_from([math.inf, 6000.0])] * 2),
+    steps=st.lists(arrival_heavy, min_size=10, max_size=120),
+)
+def test_direct_arrivals_make_the_decisions_the_queue_would(
+    mode: ClockMode, placement: str, budgets: tuple[float, float], steps: list[tuple[Any, ...]]
+) -> None:
+    """A request arriving at an empty queue is placed without passing through it (`direct_arrivals`): the
+    same commands at the same times as through the queue, whatever the sequence (prefill budgets included:
+    a request that must wait for one goes through the queue)."""
+    queued = Checker(mode, placement=placement, direct_arrivals=False)
+    direct = Checker(mode, placement=placement, direct_arrivals=True)
+    for checker in (queued, direct):
+        for e, budget in zip(ENGINES[:2], budgets, strict=True):
+            checker.apply(("join", e, 2, budget, True))
+        for step in steps:
+            checker.apply(step)
+        checker.drain()
+    assert direct.h.log == queued.h.log

@@ -87,6 +87,22 @@ class Dispatcher:
             avoid_engines=r.avoid_engines,
         )
 
+    def place_arrival(self, r: RequestRecord, schedulable: Sequence[EngineRecord]) -> EngineRecord | None:
+        """Where `r`, arriving at an empty queue, starts now: the first decision `decisions` makes with `r`
+        queued alone (nothing reserved, no engine lanes), without queueing it. None: anything else (no free
+        slot, no choice, a budget to wait for); queue it and let `decisions` decide, as it would have anyway
+        (placement policies are pure, so nothing here changed what it will see)."""
+        if not any(e.has_room() for e in schedulable):
+            return None  # `decisions`: no engine with a free slot
+        placement = self.placement_request(r)
+        choice = self._policy.choose(placement, schedulable)
+        if choice is None:
+            return None
+        for engine in schedulable:
+            if engine.engine_id == choice:
+                return engine if engine.can_admit(placement) else None
+        return None
+
     def decisions(
         self,
         requests: Mapping[str, RequestRecord],

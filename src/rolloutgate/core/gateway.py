@@ -244,15 +244,30 @@ class Gateway(GatewayLedger):
             self._reject(r, FailReason.QUEUE_FULL, now, out, self._config.retry_after_s, "queue full")
         else:
             self._requests[r.request_id] = r
-            self._enqueue(r, now)
+            engine = self._direct_engine(r)
+            if engine is None:
+                self._enqueue(r, now)
+            else:
+                r.move_to(RequestState.QUEUED)  # through the queue in no time (no queue time, no timer)
             if r.limits.max_wall_s != math.inf:
                 self._timers.set(
                     (TimerKind.WALL, r.request_id), r.clock.wall_deadline_at(r.limits.max_wall_s)
                 )
             if not self._is_engine_mode:
                 self._timers.set((TimerKind.WALLCLOCK, r.request_id), r.clock.wallclock_deadline_at())
-            self._pump(now, out)
+            if engine is None:
+                self._pump(now, out)
+            else:
+                self._dispatch(r, engine, now, out)
         return out
+
+    def _direct_engine(self, r: RequestRecord) -> EngineRecord | None:
+        """The engine a request arriving at an empty queue starts on at once (`Dispatcher.place_arrival`),
+        else None: it is queued and the pump decides. Most arrivals find the queue empty; this skips the
+        queue's bookkeeping and the general decision loop for them (the same decision, tested)."""
+        if not self._config.direct_arrivals or self._queue or self._gate.is_closed or not self._schedulable:
+            return None
+        return self._dispatcher.place_arrival(r, self._schedulable)
 
     def _on_progress(self, ev: ProgressReported, now: float) -> list[Command]:
         r = self._requests.get(ev.request_id)
