@@ -328,3 +328,106 @@ async def test_a_cancelled_push_closes_its_connection(server: ScriptedServer) ->
     await asyncio.sleep(0.05)
     assert len(seen.pieces) == count  # nothing is delivered after the cancel
     pool.close()
+
+
+# -- a push armed before the answer (`post(..., push_to=sink)`) ---------------------------------------------
+
+
+async def test_an_armed_push_takes_the_body_from_the_read_of_the_head(server: ScriptedServer) -> None:
+    """The head and the whole body in one read (the usual fast answer): the body is pushed in that read and
+    the response comes with the push over; the connection goes back to the pool."""
+    server.script = lambda _request: [b"".join(_chunked(b"one", b"two"))]
+    pool = UpstreamPool(server.url)
+    for _ in range(2):
+        seen = Collected()
+        async with pool.post("/generate", b"{}", {}, push_to=seen.keep) as response:
+            assert response.pushed and response.status == 200
+            assert seen.pieces == [b"onetwo"]
+            response.stop_push()
+            assert response.content.at_eof()
+    assert server.connections == 1 and pool.idle_count == 1
+    pool.close()
+
+
+async def test_an_armed_push_follows_a_body_split_over_reads(server: ScriptedServer) -> None:
+    server.script = lambda _request: _chunked(b"one", b"two", b"three")
+    server.gap_s = 0.01  # one read per piece
+    pool = UpstreamPool(server.url)
+    seen = Collected()
+    async with pool.post("/generate", b"{}", {}, push_to=seen.keep) as response:
+        assert response.pushed
+        response.stop_push()
+    assert seen.pieces == [b"one", b"two", b"three"]
+    assert pool.idle_count == 1
+    pool.close()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/event-stream\r\nContent-Length: 4\r\n\r\nbusy",
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4\r\n\r\nbusy",
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 0\r\n\r\n",
+    ],
+    ids=["error-status", "not-a-stream", "empty-stream"],
+)
+async def test_an_answer_that_is_not_a_200_stream_is_not_pushed(
+    server: ScriptedServer, answer: bytes
+) -> None:
+    server.script = lambda _request: [answer]
+    pool = UpstreamPool(server.url)
+    seen = Collected()
+    async with pool.post("/generate", b"{}", {}, push_to=seen.keep) as response:
+        assert not response.pushed
+        body = await response.read()
+    assert seen.pieces == []  # read as without the sink
+    assert body == answer.partition(b"\r\n\r\n")[2]
+    pool.close()
+
+
+async def test_an_armed_push_raises_its_failures_from_the_post(server: ScriptedServer) -> None:
+    """A sink's error and a connection cut mid-body raise where the response would have come, and the
+    connection is closed, never reused."""
+    server.script = lambda _request: _chunked(b"bad")
+    pool = UpstreamPool(server.url)
+
+    def refuse(piece: bytes) -> bool:
+        raise UpstreamError(f"refused {piece!r}", retryable=True)
+
+    with pytest.raises(UpstreamError, match="refused"):
+        async with pool.post("/generate", b"{}", {}, push_to=refuse):
+            pytest.fail("the push failed: no response")
+    assert pool.idle_count == 0
+    server.script = lambda _request: _chunked(b"part", end=b"")
+    server.close_after_answer = True
+    seen = Collected()
+    with pytest.raises(UpstreamDisconnected):
+        async with pool.post("/generate", b"{}", {}, push_to=seen.keep):
+            pytest.fail("the push failed: no response")
+    assert seen.pieces == [b"part"] and pool.idle_count == 0
+    pool.close()
+
+
+async def test_a_cancelled_armed_push_closes_its_connection(server: ScriptedServer) -> None:
+    server.script = lambda _request: _chunked(*[b"token"] * 50)
+    server.gap_s = 0.02
+    pool = UpstreamPool(server.url)
+    seen = Collected()
+
+    async def generation() -> None:
+        async with pool.post("/generate", b"{}", {}, push_to=seen.keep):
+            pass
+
+    task = asyncio.create_task(generation())
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if seen.pieces:
+            break
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    count = len(seen.pieces)
+    assert 0 < count < 50 and pool.idle_count == 0
+    await asyncio.sleep(0.05)
+    assert len(seen.pieces) == count  # nothing is delivered after the cancel
+    pool.close()

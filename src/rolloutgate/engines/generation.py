@@ -170,22 +170,27 @@ async def push_generation(
     One coroutine frame for the whole call (no context-manager or helper frames): it is held for as long as
     the generation runs, by every stream in flight (docs/benchmarks.md, memory per stream)."""
     what = f"POST {url}"
-    post = post_generation(session, upstream, url, body, headers=headers, timeouts=timeouts)
+    sink = _SsePush(decoder, on_events)
+    # The lean pool pushes a 200 event stream to the sink from the read of its headers on: one wake-up of
+    # this task per answer (upstream_wire.py); any other answer comes back unread, as without it.
+    post = post_generation(session, upstream, url, body, headers=headers, timeouts=timeouts, push_to=sink)
     del body  # not kept for the answer's lifetime (a 100K-token prompt is ~600 KB; the pool drops its copy)
     with map_exceptions(what):
         async with post as resp:
-            await raise_for_status(resp, what=what)
-            if resp.content_type != "text/event-stream":
-                on_events([whole_body_event(await resp.read(), hint=decoder.hint)])
-                return
-            if not isinstance(resp, UpstreamResponse):
-                await _push_batches(resp, decoder, on_events)
-                return
-            sink = _SsePush(decoder, on_events)
-            try:
-                await resp.start_push(sink)
-            finally:
+            if isinstance(resp, UpstreamResponse) and resp.pushed:
                 resp.stop_push()
+            else:
+                await raise_for_status(resp, what=what)
+                if resp.content_type != "text/event-stream":
+                    on_events([whole_body_event(await resp.read(), hint=decoder.hint)])
+                    return
+                if not isinstance(resp, UpstreamResponse):
+                    await _push_batches(resp, decoder, on_events)
+                    return
+                try:
+                    await resp.start_push(sink)
+                finally:
+                    resp.stop_push()
             if sink.saw_done:
                 await drain_after_done(resp)  # normally only the chunked terminator, often already read
                 return

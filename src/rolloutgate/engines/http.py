@@ -34,6 +34,7 @@ from rolloutgate.engines.upstream import (
     UpstreamPool,
     UpstreamProtocolError,
 )
+from rolloutgate.engines.upstream_wire import BodySink
 
 __all__ = (
     "DONE",
@@ -404,14 +405,17 @@ def post_generation(
     *,
     headers: Mapping[str, str],
     timeouts: ControlTimeouts,
+    push_to: BodySink | None = None,
 ) -> Any:
     """The POST of a generation, as an async context manager yielding the response: through the engine's
     lean keep-alive pool (engines/upstream.py) when the adapter has one for `url`, else through aiohttp.
     Call inside `map_exceptions`. Both responses offer what `raise_for_status`, `iter_sse_data` and
-    `read()` use."""
+    `read()` use. `push_to` (the lean pool only) arms a push of a 200 event stream: see UpstreamPool.post."""
     merged = {**headers, **JSON_HEADERS}
     if upstream is not None and url.startswith(upstream.base_url + "/"):
-        return upstream.post(url[len(upstream.base_url) :], data, merged, connect_timeout=timeouts.connect_s)
+        return upstream.post(
+            url[len(upstream.base_url) :], data, merged, connect_timeout=timeouts.connect_s, push_to=push_to
+        )
     return session.post(url, data=data, headers=merged, timeout=timeouts.generation())
 
 

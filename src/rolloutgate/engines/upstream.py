@@ -7,7 +7,8 @@ generation needs none of it: JSON bytes out to a known engine, a plain or chunke
 POSTs go through this module, everything else (probes, health, load, abort, control) stays on aiohttp.
 
 - `UpstreamPool` (one per engine) keeps idle keep-alive connections; `pool.post(path, body, headers)` is an
-  async context manager yielding an `UpstreamResponse` once the status line and headers are in. Leaving it
+  async context manager yielding an `UpstreamResponse` once the status line and headers are in (with
+  `push_to=sink`, a 200 event stream's body goes to the sink first, and the response comes at its end). Leaving it
   after the body was read to its end returns the connection to the pool; leaving it any other way
   (an error, cancellation, a body not read to its end) closes the connection, which is how an engine learns
   that its client went away (vLLM aborts the generation then). An idle connection is reused only while it is
@@ -73,13 +74,15 @@ class _BodyIterator:
 
 
 class UpstreamResponse:
-    """The answer of one `UpstreamPool.post`: status, content type, and the body as it arrives."""
+    """The answer of one `UpstreamPool.post`: status, content type, and the body as it arrives. `pushed`: the
+    whole body already went to the post's `push_to` sink (a 200 event stream); call `stop_push()` then."""
 
-    __slots__ = ("_connection", "status")
+    __slots__ = ("_connection", "pushed", "status")
 
-    def __init__(self, connection: UpstreamConnection) -> None:
+    def __init__(self, connection: UpstreamConnection, *, pushed: bool = False) -> None:
         self._connection = connection
         self.status = connection.status
+        self.pushed = pushed
 
     @property
     def content(self) -> UpstreamResponse:
@@ -131,12 +134,15 @@ class UpstreamResponse:
 class _Post:
     """`async with pool.post(...) as response`: see UpstreamPool.post."""
 
-    __slots__ = ("_connect_timeout", "_connection", "_pool", "_request")
+    __slots__ = ("_connect_timeout", "_connection", "_pool", "_push_to", "_request")
 
-    def __init__(self, pool: UpstreamPool, request: bytes, connect_timeout: float | None) -> None:
+    def __init__(
+        self, pool: UpstreamPool, request: bytes, connect_timeout: float | None, push_to: BodySink | None
+    ) -> None:
         self._pool = pool
         self._request = request
         self._connect_timeout = connect_timeout
+        self._push_to = push_to
         self._connection: UpstreamConnection | None = None
 
     async def __aenter__(self) -> UpstreamResponse:
@@ -144,11 +150,12 @@ class _Post:
         self._connection = connection
         request, self._request = self._request, b""  # not kept for the answer's lifetime (prompts are big)
         try:
-            await connection.send(request)
+            pushed = await connection.send(request, push_to=self._push_to)
         except BaseException:
+            connection.stop_push()
             connection.close()
             raise
-        return UpstreamResponse(connection)
+        return UpstreamResponse(connection, pushed=pushed)
 
     async def __aexit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
@@ -191,8 +198,11 @@ class UpstreamPool:
         headers: Mapping[str, str],
         *,
         connect_timeout: float | None = None,
+        push_to: BodySink | None = None,
     ) -> _Post:
-        """POST `body` (JSON) to `path`; an async context manager yielding the `UpstreamResponse`.
+        """POST `body` (JSON) to `path`; an async context manager yielding the `UpstreamResponse` once the
+        headers are in, or with `push_to`, once a 200 event stream was pushed to it to its end (the response's
+        `pushed`; its errors raise here; upstream_wire.py).
 
         Raises ValueError for a header name or value with a line break (nothing is sent).
         """
@@ -202,7 +212,7 @@ class UpstreamPool:
                 raise ValueError(f"header {name!r} holds a line break")
             lines += [name.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n"]
         lines += [b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n", body]
-        return _Post(self, b"".join(lines), connect_timeout)
+        return _Post(self, b"".join(lines), connect_timeout, push_to)
 
     async def _acquire(self, connect_timeout: float | None) -> UpstreamConnection:
         idle = self._idle

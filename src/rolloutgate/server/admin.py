@@ -37,6 +37,7 @@ from rolloutgate.engines.base import UpstreamError
 from rolloutgate.errors import BadRequest
 from rolloutgate.server.auth import check_admin
 from rolloutgate.server.context import CONTEXT, GatewayContext
+from rolloutgate.server.guard import guarded
 from rolloutgate.server.pool import EngineHandle
 from rolloutgate.server.validate import parse_body
 
@@ -275,7 +276,7 @@ async def _update_staggered(
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/admin/pause", pause)
-    app.router.add_post("/admin/resume", resume)
-    app.router.add_get("/admin/state", state)
-    app.router.add_post("/admin/update_weights", update_weights)
+    app.router.add_post("/admin/pause", guarded(pause))
+    app.router.add_post("/admin/resume", guarded(resume))
+    app.router.add_get("/admin/state", guarded(state))
+    app.router.add_post("/admin/update_weights", guarded(update_weights))

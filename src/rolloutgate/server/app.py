@@ -33,7 +33,7 @@ from rolloutgate.config import EngineSpec, GatewaySettings
 from rolloutgate.core.events import ClockMode
 from rolloutgate.core.gateway import Gateway, GatewayCoreConfig
 from rolloutgate.engines.base import UpstreamError
-from rolloutgate.errors import BadRequest, GatewayError, NotFound, PayloadTooLarge, Unavailable
+from rolloutgate.errors import GatewayError, Unavailable
 from rolloutgate.server import admin, front, workers
 from rolloutgate.server.attach import Attachments
 from rolloutgate.server.context import CONTEXT, GatewayContext
@@ -50,50 +50,6 @@ request_log = logging.getLogger("rolloutgate.requests")
 http_log = logging.getLogger("rolloutgate.http")
 
 HAND_BACK_S = 5.0  # real seconds, after the grace, for handlers to write their 503s before they are cut
-_ANSWERED_WHILE_DRAINING = frozenset({"/health", "/metrics"})
-
-
-@web.middleware
-async def gateway_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Every route's one middleware (one coroutine frame per request, held for as long as a stream runs):
-    counts running handlers (what a graceful shutdown waits for) and, while draining, refuses new work; turns
-    errors into OpenAI JSON responses."""
-    ctx = request.app[CONTEXT]
-    try:
-        if ctx.draining and request.path not in _ANSWERED_WHILE_DRAINING:
-            raise Unavailable("the gateway is shutting down; retry on another replica", retry_after_s=1)
-        ctx.active_requests += 1
-        try:
-            return await handler(request)
-        finally:
-            ctx.active_requests -= 1
-    except GatewayError as error:
-        if error.status < 500:
-            ctx.metrics.bad_requests.labels(code=error.code).inc()
-        return web.Response(status=error.status, body=error.body(), headers=error.headers())
-    except web.HTTPException as exc:
-        return _http_exception_response(request, exc)
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except ValueError as exc:  # e.g. a malformed header value aiohttp refused to parse
-        error = BadRequest(str(exc))
-        return web.Response(status=error.status, body=error.body(), headers=error.headers())
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        error = GatewayError("internal gateway error")
-        return web.Response(status=500, body=error.body(), headers=error.headers())
-
-
-def _http_exception_response(request: web.Request, exc: web.HTTPException) -> web.StreamResponse:
-    if exc.status == 413:
-        error: GatewayError = PayloadTooLarge(exc.text or "request body too large")
-    elif exc.status == 404:
-        error = NotFound(f"no route for {request.method} {request.path}")
-    elif exc.status < 400:
-        raise exc
-    else:
-        error = BadRequest(exc.reason, status=exc.status, code=exc.reason.lower().replace(" ", "_"))
-    return web.Response(status=error.status, body=error.body(), headers=error.headers())
 
 
 class _HttpErrorLog:
@@ -155,7 +111,8 @@ def _log_request(exchange: Exchange, outcome: Finished | GatewayError) -> None:
 
 
 def build_app(settings: GatewaySettings) -> web.Application:
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[gateway_middleware])
+    # No middleware: every route is registered behind server/guard.py instead (aiohttp adds frames per middleware).
+    app = web.Application(client_max_size=settings.max_body_bytes)
     clock = GatewayClock(settings.time_scale)
     metrics = Metrics()
     driver = Driver(

@@ -27,7 +27,7 @@ class GatewayContext:
     session: aiohttp.ClientSession = field(init=False)  # created when the app starts (needs a loop)
     extras: dict[str, Any] = field(default_factory=dict)  # parts mounted later (sessions, sim cluster)
     draining: bool = False  # shutting down: new requests get 503, in-flight ones finish (app.py)
-    active_requests: int = 0  # handlers running now (counted by app.gateway_middleware)
+    active_requests: int = 0  # handlers running now (counted by server/guard.py)
 
     @property
     def engine_clock(self) -> bool:

@@ -22,6 +22,7 @@ from rolloutgate.server.attach import CachedOutcome, key_for
 from rolloutgate.server.auth import check_admin, check_api_key
 from rolloutgate.server.context import CONTEXT, GatewayContext
 from rolloutgate.server.exchange import Exchange, OutboxItem
+from rolloutgate.server.guard import enter, error_response, guarded, leave
 from rolloutgate.server.respond import NO_TIMING, KeepAlive, keepalive_for, write_outcome
 from rolloutgate.server.validate import (
     NO_OVERRIDES,
@@ -268,15 +269,23 @@ def _route_counter(ctx: GatewayContext, route: Route) -> Any:
 
 
 def _inference(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """The route's handler: `serve_inference` with the API key check, in one coroutine frame (a handler's
-    frames are held for as long as its stream runs)."""
+    """The route's handler: `serve_inference` with the API key check, behind the guard (server/guard.py), in
+    one coroutine frame: a handler's frames are held, and resumed, for as long as its stream runs."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        ctx = request.app[CONTEXT]
-        check_api_key(request, ctx.settings)
-        routing_key = routing_key_of(request)
-        body, attach_key = await _read_request(ctx, request, route, routing_key)
-        return await run_exchange(ctx, request, route, body, routing_key=routing_key, attach_key=attach_key)
+        try:
+            ctx = enter(request)
+            try:
+                check_api_key(request, ctx.settings)
+                routing_key = routing_key_of(request)
+                body, attach_key = await _read_request(ctx, request, route, routing_key)
+                return await run_exchange(
+                    ctx, request, route, body, routing_key=routing_key, attach_key=attach_key
+                )
+            finally:
+                leave(ctx)
+        except Exception as error:  # CancelledError is a BaseException: it passes
+            return error_response(request, error)
 
     return handler
 
@@ -391,12 +400,12 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post(Route.CHAT.value, _inference(Route.CHAT))
     app.router.add_post(Route.COMPLETIONS.value, _inference(Route.COMPLETIONS))
     app.router.add_post(Route.GENERATE.value, _inference(Route.GENERATE))
-    app.router.add_get("/v1/models", list_models)
-    app.router.add_get("/health", health)
-    app.router.add_get("/ready", ready)
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/models", guarded(list_models))
+    app.router.add_get("/health", guarded(health))
+    app.router.add_get("/ready", guarded(ready))
+    app.router.add_get("/metrics", guarded(metrics))
 
 
 def add_proxy_route(app: web.Application) -> None:
     """Registered last: it matches every path the other routes do not."""
-    app.router.add_route("*", "/{tail:.*}", proxy)
+    app.router.add_route("*", "/{tail:.*}", guarded(proxy))

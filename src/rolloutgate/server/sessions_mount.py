@@ -18,6 +18,7 @@ from rolloutgate.server.auth import check_api_key
 from rolloutgate.server.context import CONTEXT, GatewayContext
 from rolloutgate.server.exchange import Exchange, Finished
 from rolloutgate.server.front import ROUTES, limits_for, proxy_path, serve_inference
+from rolloutgate.server.guard import guarded
 from rolloutgate.server.respond import keepalive_for
 from rolloutgate.server.validate import estimate_prompt_tokens
 from rolloutgate.sessions.http import add_session_routes
@@ -131,6 +132,7 @@ def mount_sessions(app: web.Application) -> None:
         keepalive=keepalive,
         proxy=proxy,
         authorize=lambda request: check_api_key(request, settings),
+        wrap=guarded,
         sweep_interval_s=ctx.driver.clock.real_seconds(min(30.0, settings.session_idle_ttl / 2)),
     )
 

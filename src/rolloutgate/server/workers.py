@@ -13,6 +13,7 @@ from rolloutgate.engines.base import UpstreamError
 from rolloutgate.errors import BadRequest, NotFound, UpstreamFailure
 from rolloutgate.server.auth import check_admin
 from rolloutgate.server.context import CONTEXT
+from rolloutgate.server.guard import guarded
 from rolloutgate.server.validate import parse_body
 
 __all__ = ("add_routes",)
@@ -79,8 +80,8 @@ async def miles_list_workers(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/workers", add_worker)
-    app.router.add_get("/workers", list_workers_api)
-    app.router.add_delete("/workers/{worker_id}", delete_worker)
-    app.router.add_post("/add_worker", miles_add_worker)
-    app.router.add_get("/list_workers", miles_list_workers)
+    app.router.add_post("/workers", guarded(add_worker))
+    app.router.add_get("/workers", guarded(list_workers_api))
+    app.router.add_delete("/workers/{worker_id}", guarded(delete_worker))
+    app.router.add_post("/add_worker", guarded(miles_add_worker))
+    app.router.add_get("/list_workers", guarded(miles_list_workers))

@@ -38,6 +38,7 @@ from rolloutgate.sessions.service import ChatOutcome, SessionService
 __all__ = (
     "SESSION_SERVICE",
     "Authorize",
+    "Handler",
     "KeepAliveInterval",
     "ProxyHandler",
     "add_session_routes",
@@ -50,6 +51,7 @@ SESSION_SERVICE: web.AppKey[SessionService] = web.AppKey("rolloutgate_sessions",
 KeepAliveInterval = Callable[[web.Request, bool], "float | None"]
 # (request, session id, path after the session prefix) -> the response; for proxied paths
 ProxyHandler = Callable[[web.Request, str, str], Awaitable[web.StreamResponse]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # raises a GatewayError (e.g. 401) for a request that may not use the API
 Authorize = Callable[[web.Request], None]
 
@@ -99,19 +101,19 @@ def add_session_routes(
     keepalive: KeepAliveInterval | None = None,
     proxy: ProxyHandler | None = None,
     authorize: Authorize | None = None,
+    wrap: Callable[[Handler], Handler] | None = None,
     sweep_interval_s: float = 30.0,
 ) -> None:
     """Mount the session API on `app`; also starts a task that evicts idle sessions every `sweep_interval_s`.
 
     `keepalive` chooses the keep-alive interval per request, `proxy` serves the other paths (default: through
-    the dispatcher, buffered), `authorize` checks every request first (e.g. the gateway's API keys).
+    the dispatcher, buffered), `authorize` checks every request first (e.g. the gateway's API keys), `wrap` wraps every handler (e.g. the
+    gateway's guard: drain refusal, running-handler count, errors as JSON).
     """
     app[SESSION_SERVICE] = service
     choose = keepalive or default_keepalive()
 
-    def _errors(
-        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    def _errors(handler: Handler) -> Handler:
         async def wrapped(request: web.Request) -> web.StreamResponse:
             try:
                 if authorize is not None:
@@ -120,7 +122,7 @@ def add_session_routes(
             except GatewayError as error:
                 return web.Response(status=error.status, body=error.body(), headers=error.headers())
 
-        return wrapped
+        return wrapped if wrap is None else wrap(wrapped)
 
     async def chat(request: web.Request) -> web.StreamResponse:
         return await _chat(request, service, choose)
