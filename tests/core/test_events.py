@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rolloutgate.core.clock import ManualClock
 from rolloutgate.core.events import EngineJoined, ProgressReported, RequestArrived, RequestLimits
@@ -44,3 +46,19 @@ def test_timing_breakdown_renders() -> None:
     )  # fmt: skip
     assert t.as_dict()["charged_s"] == 1.25 and t.as_dict()["engine_id"] == "e1"
     assert t.header_value().startswith("wall=2.000;queue=0.500;paused=0.000;contention=0.250;charged=1.250")
+
+
+_SECONDS = st.floats(min_value=0, max_value=1e6, allow_nan=False)
+
+
+@given(values=st.lists(_SECONDS, min_size=7, max_size=7), attempts=st.integers(0, 99))
+def test_timing_header_rounds_each_clock_to_the_millisecond(values: list[float], attempts: int) -> None:
+    wall, queue, paused, contention, charged, stall, forgiven = values
+    t = TimingBreakdown(
+        wall_s=wall, queue_s=queue, paused_s=paused, contention_s=contention, charged_s=charged,
+        stall_s=stall, dispatched_s=0.0, attempts=attempts, forgiven_s=forgiven,
+    )  # fmt: skip
+    assert t.header_value() == (
+        f"wall={wall:.3f};queue={queue:.3f};paused={paused:.3f};contention={contention:.3f};"
+        f"charged={charged:.3f};stall={stall:.3f};forgiven={forgiven:.3f};attempts={attempts}"
+    )

@@ -249,8 +249,14 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     `request.read()` would do for the request's lifetime)."""
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"request body is {request.content_length} bytes; the limit is {limit}")
+    content = request.content
+    if content.is_eof():  # the whole body came with the headers (the usual small request): no read loop
+        whole = content.read_nowait()
+        if len(whole) > limit:
+            raise PayloadTooLarge(f"request body is over {limit} bytes")
+        return whole
     body = bytearray()
-    while chunk := await request.content.readany():
+    while chunk := await content.readany():
         body += chunk
         if len(body) > limit:
             raise PayloadTooLarge(f"request body is over {limit} bytes")
