@@ -55,7 +55,9 @@ __all__ = (
     "EventSink",
     "GenerateDecoder",
     "OpenAIDecoder",
+    "SsePush",
     "deliver",
+    "finish_answer",
     "pull_generation",
     "pull_into",
     "push_generation",
@@ -170,39 +172,45 @@ async def push_generation(
     One coroutine frame for the whole call (no context-manager or helper frames): it is held for as long as
     the generation runs, by every stream in flight (docs/benchmarks.md, memory per stream)."""
     what = f"POST {url}"
-    sink = _SsePush(decoder, on_events)
+    sink = SsePush(decoder, on_events)
     # The lean pool pushes a 200 event stream to the sink from the read of its headers on: one wake-up of
     # this task per answer (upstream_wire.py); any other answer comes back unread, as without it.
     post = post_generation(session, upstream, url, body, headers=headers, timeouts=timeouts, push_to=sink)
     del body  # not kept for the answer's lifetime (a 100K-token prompt is ~600 KB; the pool drops its copy)
     with map_exceptions(what):
         async with post as resp:
-            if isinstance(resp, UpstreamResponse) and resp.pushed:
-                resp.stop_push()
-            else:
-                await raise_for_status(resp, what=what)
-                if resp.content_type != "text/event-stream":
-                    on_events([whole_body_event(await resp.read(), hint=decoder.hint)])
-                    return
-                if not isinstance(resp, UpstreamResponse):
-                    await _push_batches(resp, decoder, on_events)
-                    return
-                try:
-                    await resp.start_push(sink)
-                finally:
-                    resp.stop_push()
-            if sink.saw_done:
-                await drain_after_done(resp)  # normally only the chunked terminator, often already read
-                return
-            if sink.stopped:
-                resp.close()
-                return
-            tail = sink.tail()
-            if tail == DONE:
-                return
-            if tail is not None:
-                raise UpstreamError("the engine's stream ended inside an event", retryable=True)
-            raise UpstreamError("the engine's stream ended before [DONE]", retryable=True)
+            await finish_answer(resp, what, sink, decoder, on_events)
+
+
+async def finish_answer(
+    resp: Any, what: str, sink: SsePush, decoder: EventDecoder, on_events: EventSink
+) -> None:
+    """Everything of a pushed call after its headers: the push (unless the lean pool already pushed the
+    whole stream), the drain after `[DONE]`, the verdict on a stream that ended without it; a whole JSON body
+    or an error status as such. Call inside `map_exceptions`."""
+    if isinstance(resp, UpstreamResponse) and resp.pushed:
+        resp.stop_push()
+    else:
+        await raise_for_status(resp, what=what)
+        if resp.content_type != "text/event-stream":
+            on_events([whole_body_event(await resp.read(), hint=decoder.hint)])
+            return
+        if not isinstance(resp, UpstreamResponse):
+            await _push_batches(resp, decoder, on_events)
+            return
+        try:
+            await resp.start_push(sink)
+        finally:
+            resp.stop_push()
+    if sink.saw_done:
+        await drain_after_done(resp)  # normally only the chunked terminator, often already read
+        return
+    if sink.stopped:
+        resp.close()
+        return
+    error = sink.end_error()
+    if error is not None:
+        raise error
 
 
 async def _push_batches(resp: Any, decoder: EventDecoder, on_events: EventSink) -> None:
@@ -235,7 +243,7 @@ def _hand_over(payloads: list[bytes], decoder: EventDecoder, on_events: EventSin
     return saw_done, keep_going
 
 
-class _SsePush:
+class SsePush:
     """The sink of a pushed SSE body: parses each piece and hands its decoded events over together."""
 
     __slots__ = ("_decoder", "_on_events", "_parser", "saw_done", "stopped")
@@ -260,8 +268,15 @@ class _SsePush:
             return False
         return True
 
-    def tail(self) -> bytes | None:
-        return self._parser.finish()
+    def end_error(self) -> UpstreamError | None:
+        """The verdict on a stream that ended without `[DONE]` and was not stopped: None when its last bytes
+        were a `[DONE]` without the blank line after it, else the error."""
+        tail = self._parser.finish()
+        if tail == DONE:
+            return None
+        if tail is not None:
+            return UpstreamError("the engine's stream ended inside an event", retryable=True)
+        return UpstreamError("the engine's stream ended before [DONE]", retryable=True)
 
 
 async def pull_into(events: AsyncIterator[UpstreamEvent], on_events: EventSink) -> None:

@@ -38,10 +38,12 @@ from rolloutgate.engines.upstream_wire import BodySink
 
 __all__ = (
     "DONE",
+    "DRAIN_AFTER_DONE_S",
     "JSON_HEADERS",
     "ControlTimeouts",
     "SseEvents",
     "SseParser",
+    "as_upstream_error",
     "check_json_object",
     "drain_after_done",
     "fetch_models",
@@ -66,7 +68,7 @@ log = logging.getLogger(__name__)
 DONE = b"[DONE]"
 JSON_HEADERS = {"Content-Type": "application/json"}
 _MAX_ERROR_BODY = 64 * 1024
-_DRAIN_AFTER_DONE_S = 1.0
+DRAIN_AFTER_DONE_S = 1.0
 # One SSE event larger than this is a broken engine, not an answer: a cumulative /generate chunk of a 100K-token
 # output with every logprob is a few MB. Without a bound, a stream that never ends its event grows without end.
 MAX_SSE_EVENT_BYTES = 64 << 20
@@ -256,7 +258,7 @@ async def drain_after_done(resp: Any) -> None:
     if resp.content.at_eof():
         return
     try:
-        async with asyncio.timeout(_DRAIN_AFTER_DONE_S):
+        async with asyncio.timeout(DRAIN_AFTER_DONE_S):
             while await resp.content.readany():
                 pass
     except (TimeoutError, aiohttp.ClientError, OSError, UpstreamProtocolError):
@@ -368,6 +370,12 @@ class map_exceptions:
         error = _translate(self._what, exc)
         if error is not None:
             raise error from exc
+
+
+def as_upstream_error(what: str, exc: Exception) -> UpstreamError | None:
+    """`exc` as `map_exceptions` raises it: itself when an UpstreamError, else its translation; None when it
+    is not a network or answer error (a bug: let it pass)."""
+    return exc if isinstance(exc, UpstreamError) else _translate(what, exc)
 
 
 def _translate(what: str, exc: Exception) -> UpstreamError | None:

@@ -61,6 +61,7 @@ from rolloutgate.engines.openai_stream import (
     run_openai_call,
     streaming_body,
 )
+from rolloutgate.engines.push_call import EndSink, PushedGeneration, start_push_generation
 
 __all__ = ("SglangClient",)
 
@@ -116,6 +117,23 @@ class SglangClient:
             hint=self._hint,
             wants_usage=client_wants_usage(call.body),
             upstream=self._upstream,
+        )
+
+    def start_stream(
+        self, call: UpstreamCall, on_events: EventSink, on_end: EndSink
+    ) -> PushedGeneration | None:
+        """`stream_into` without a task, where the call can run on the connection's callbacks: `/generate` on
+        an idle keep-alive connection (engines/push_call.py); None otherwise."""
+        if call.route is not Route.GENERATE:
+            return None
+        return start_push_generation(
+            self._upstream,
+            self.url + Route.GENERATE.value,
+            lambda: orjson.dumps(generate_body(call)),
+            headers=call.headers,
+            decoder=GenerateDecoder(self._hint),
+            on_events=on_events,
+            on_end=on_end,
         )
 
     def stream_into(self, call: UpstreamCall, on_events: EventSink) -> Awaitable[None]:

@@ -164,11 +164,7 @@ class _Post:
         if connection is None:
             return
         self._connection = None
-        if kind is None and connection.is_body_done and connection.is_reusable and not connection.is_closed:
-            connection.finish_use()
-            self._pool._release(connection)
-        else:
-            connection.close()
+        self._pool.finish(connection, ok=kind is None)
 
 
 class UpstreamPool:
@@ -206,24 +202,46 @@ class UpstreamPool:
 
         Raises ValueError for a header name or value with a line break (nothing is sent).
         """
+        return _Post(self, self.request_bytes(path, body, headers), connect_timeout, push_to)
+
+    def request_bytes(self, path: str, body: bytes, headers: Mapping[str, str]) -> bytes:
+        """The POST of `body` (JSON) to `path` as written on the wire. Raises ValueError for a header name or
+        value with a line break."""
         lines = [b"POST ", path.encode("utf-8"), b" HTTP/1.1\r\nHost: ", self._host_header, b"\r\n"]
         for name, value in headers.items():
             if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
                 raise ValueError(f"header {name!r} holds a line break")
             lines += [name.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n"]
         lines += [b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n", body]
-        return _Post(self, b"".join(lines), connect_timeout, push_to)
+        return b"".join(lines)
 
-    async def _acquire(self, connect_timeout: float | None) -> UpstreamConnection:
+    def take_idle(self) -> UpstreamConnection | None:
+        """An idle keep-alive connection fresh enough to reuse, now; None if there is none. The caller owns
+        it and gives it back with `finish`."""
         idle = self._idle
-        loop = asyncio.get_running_loop()
         if idle:
-            fresh_after = loop.time() - _MAX_IDLE_S
+            fresh_after = asyncio.get_running_loop().time() - _MAX_IDLE_S
             while idle:
                 connection = idle.pop()  # the most recently used first
                 if connection.is_idle_usable and connection.idle_since >= fresh_after:
                     return connection
                 connection.close()
+        return None
+
+    def finish(self, connection: UpstreamConnection, *, ok: bool) -> None:
+        """A call on `connection` ended: back to the pool when it ended well with its answer read to its end
+        on a reusable connection, else closed (how an engine learns that its client went away)."""
+        if ok and connection.is_body_done and connection.is_reusable and not connection.is_closed:
+            connection.finish_use()
+            self._release(connection)
+        else:
+            connection.close()
+
+    async def _acquire(self, connect_timeout: float | None) -> UpstreamConnection:
+        idle = self.take_idle()
+        if idle is not None:
+            return idle
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(connect_timeout):
                 _, protocol = await loop.create_connection(

@@ -333,8 +333,10 @@ class UpstreamConnection(asyncio.Protocol):
 
     def _wake_head(self) -> None:
         waiter = self._head_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if waiter is not None:
+            self._head_waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     # -- the caller's side -----------------------------------------------------------------------------------
 
@@ -353,14 +355,7 @@ class UpstreamConnection(asyncio.Protocol):
         """Write one request and wait for its status line and headers. With `push_to`, a 200 event stream is
         pushed to it from its first byte on and this returns True once the push settled (raising its error);
         otherwise False once the headers are in (module docstring). Call `stop_push()` after a push."""
-        assert self.transport is not None
-        self._state = _HEAD
-        self._pieces.clear()
-        self._buffered = 0
-        self._error = None
-        self.stop_push()  # nothing of an earlier answer's push is left
-        self._armed = push_to
-        self.transport.write(request)
+        self._begin(request, push_to)
         loop = asyncio.get_running_loop()
         if self._write_paused and not self.is_closed:
             self._drain_waiter = loop.create_future()
@@ -379,13 +374,38 @@ class UpstreamConnection(asyncio.Protocol):
                 self._armed = None
             if waiter is self._push_done:
                 return True
-        error = self._failure_before_status()
+        error = self.failure_before_status()
         if error is not None:
             raise error
         return False
 
-    def _failure_before_status(self) -> BaseException | None:
-        return self._error if self.status == 0 else None
+    def start(self, request: bytes, *, push_to: BodySink) -> asyncio.Future[None]:
+        """`send(request, push_to=...)` without a coroutine: returns the future that settles once the push
+        settled (then `is_push(future)`; its exception is the push's) or once other headers came or the
+        connection failed before them (then `failure_before_status()`, else read the answer as after `send`).
+        Call `stop_push()` after a push. The request is buffered whole by the transport."""
+        self._begin(request, push_to)
+        waiter = self._head_waiter = asyncio.get_running_loop().create_future()
+        return waiter
+
+    def is_push(self, future: asyncio.Future[None]) -> bool:
+        return future is self._push_done
+
+    def _begin(self, request: bytes, push_to: BodySink | None) -> None:
+        assert self.transport is not None
+        self._state = _HEAD
+        self._pieces.clear()
+        self._buffered = 0
+        self._error = None
+        self.stop_push()  # nothing of an earlier answer's push is left
+        self._armed = push_to
+        self.transport.write(request)
+
+    def failure_before_status(self) -> BaseException | None:
+        """What ended the answer before its status line, if something did."""
+        if self.status == 0:
+            return self._error or (UpstreamDisconnected("Server disconnected") if self.is_closed else None)
+        return None
 
     async def readany(self) -> bytes:
         """The body bytes queued now (waiting for some if none); b"" at the end of the body."""

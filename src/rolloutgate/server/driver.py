@@ -8,7 +8,8 @@ only clock of the gateway: gateway seconds, which run `time_scale` times faster 
 time-scaled simulator.
 
 Commands:
-- Dispatch: start (or restart) the exchange's upstream task on the chosen engine.
+- Dispatch: start (or restart) the exchange's upstream call on the chosen engine: on the connection's
+  callbacks where the engine's client can (engines/push_call.py), else in a task.
 - Abort: close the upstream connection and call the engine's abort API with the attempt's upstream id.
 - Complete / Fail: put the terminal item into the exchange's outbox (the handler writes it).
 - MarkEngine: log and remember the engine's state.
@@ -21,6 +22,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from rolloutgate.core.commands import (
@@ -46,6 +48,7 @@ from rolloutgate.core.gateway import Gateway
 from rolloutgate.engines.assemble import ResponseAssembler
 from rolloutgate.engines.base import UpstreamCall, UpstreamError, UpstreamEvent
 from rolloutgate.engines.generation import deliver
+from rolloutgate.engines.push_call import start_delivery
 from rolloutgate.errors import GatewayError, UpstreamFailure, from_fail_reason
 from rolloutgate.server.continuation import CannotContinue, continuation_body
 from rolloutgate.server.exchange import Exchange, Finished
@@ -272,35 +275,54 @@ class Driver:
             headers=exchange.forward_headers,
             progress_every_tokens=1 if exchange.client_streams else self.progress_every_tokens,
         )
+        sink = _AttemptSink(self, exchange, command.attempt)
         if not engine.client.can_stream(call):
             self.opaque.add(engine.engine_id, engine.client, exchange.request_id, command.attempt)
+        else:  # without a task where the engine's client can (engines/push_call.py): the usual case
+            handle = start_delivery(
+                engine.client, call, sink, partial(self._attempt_ended, exchange, command.attempt)
+            )
+            if handle is not None:
+                exchange.upstream_task = handle
+                return
         exchange.upstream_task = asyncio.get_running_loop().create_task(
-            self._run_attempt(exchange, engine.client, call, command.attempt)
+            self._run_attempt(exchange, engine.client, call, sink)
         )
 
-    async def _run_attempt(self, exchange: Exchange, client: Any, call: UpstreamCall, attempt: int) -> None:
+    async def _run_attempt(
+        self, exchange: Exchange, client: Any, call: UpstreamCall, sink: _AttemptSink
+    ) -> None:
         request_id = exchange.request_id
         engine_id = exchange.engine_id
         try:
-            await deliver(client, call, _AttemptSink(self, exchange, attempt))
-            if exchange.attempt == attempt and not exchange.ended:
-                self.handle(UpstreamFinished(request_id=request_id, attempt=attempt))
-        except UpstreamError as error:
-            if exchange.attempt == attempt and not exchange.ended:
-                if not error.retryable:
-                    exchange.upstream_error = error
-                self.handle(
-                    UpstreamFailed(
-                        request_id=request_id,
-                        reason=error.message,
-                        retryable=error.retryable,
-                        status=error.status,
-                        attempt=attempt,
-                        engine_unreachable=error.unreachable,
-                    )
-                )
+            try:
+                await deliver(client, call, sink)
+            except UpstreamError as error:
+                self._attempt_ended(exchange, sink.attempt, error)
+            else:
+                self._attempt_ended(exchange, sink.attempt, None)
         finally:
             self.opaque.remove(engine_id, request_id)
+
+    def _attempt_ended(self, exchange: Exchange, attempt: int, error: UpstreamError | None) -> None:
+        """An attempt's upstream call returned (`error` None) or failed; what a stale attempt says is ignored."""
+        if exchange.attempt != attempt or exchange.ended:
+            return
+        if error is None:
+            self.handle(UpstreamFinished(request_id=exchange.request_id, attempt=attempt))
+            return
+        if not error.retryable:
+            exchange.upstream_error = error
+        self.handle(
+            UpstreamFailed(
+                request_id=exchange.request_id,
+                reason=error.message,
+                retryable=error.retryable,
+                status=error.status,
+                attempt=attempt,
+                engine_unreachable=error.unreachable,
+            )
+        )
 
     def _complete(self, command: Complete) -> None:
         exchange = self.exchanges.pop(command.request_id, None)
@@ -409,15 +431,15 @@ class _AttemptSink:
     ended (the upstream call is closed then). A slotted object rather than a closure: one is held by every
     stream in flight (a closure and its cells are five times the size)."""
 
-    __slots__ = ("_attempt", "_driver", "_exchange")
+    __slots__ = ("_driver", "_exchange", "attempt")
 
     def __init__(self, driver: Driver, exchange: Exchange, attempt: int) -> None:
         self._driver = driver
         self._exchange = exchange
-        self._attempt = attempt
+        self.attempt = attempt
 
     def __call__(self, events: list[UpstreamEvent]) -> bool:
-        exchange, attempt = self._exchange, self._attempt
+        exchange, attempt = self._exchange, self.attempt
         if exchange.attempt != attempt or exchange.ended:
             return False
         driver = self._driver

@@ -21,6 +21,7 @@ from rolloutgate.core.timing import TimingBreakdown
 from rolloutgate.engines.assemble import ResponseAssembler
 from rolloutgate.engines.base import Route, UpstreamError
 from rolloutgate.engines.progress import has_index, index_of
+from rolloutgate.engines.push_call import UpstreamHandle
 from rolloutgate.errors import GatewayError, Unavailable
 from rolloutgate.server.continuation import GenerateStitcher
 from rolloutgate.server.deadlines import deadlines_of
@@ -166,7 +167,9 @@ class Exchange:
     attempt: int = 0
     engine_id: str | None = None
     engine_url: str | None = None
-    upstream_task: asyncio.Task[None] | None = None
+    upstream_task: UpstreamHandle | None = (
+        None  # the running call: a task, or callbacks (engines/push_call.py)
+    )
     assembler: ResponseAssembler | None = None  # this attempt's answer so far (non-streaming clients)
     delivered_tokens: int = 0  # tokens a streaming client has already been sent
     upstream_error: UpstreamError | None = None  # the engine's own non-retryable error, passed through

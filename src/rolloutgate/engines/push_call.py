@@ -1,0 +1,203 @@
+"""A pushed generation without a task: the lean connection's callbacks carry it to its end.
+
+Theory of operation: `push_generation` (engines/generation.py) runs in a task of its own, which sleeps while
+the engine works and wakes when its answer is in. When the engine's pool has an idle keep-alive connection,
+`start_push_generation` needs no task: it writes the request on that connection with the push armed
+(upstream_wire.py `start`), the answer's reads go to the sink as they arrive, and one future callback ends
+the call when the push settles. A task, its first step, its wake-up and the four coroutine frames it resumes
+were ~5% of the gateway's CPU per request at 32 connections (docs/benchmarks.md).
+
+The outcome goes to `on_end` exactly once (never after `cancel()`), from a loop callback of its own (never
+inside the socket read that settled the push, so the driver may reuse the connection at once):
+
+- the stream reached `[DONE]`: `on_end(None)`; the connection goes back to its pool once its answer ended
+  (the chunked terminator usually comes in the same read; otherwise it is drained, for at most
+  `_DRAIN_AFTER_DONE_S`, as `drain_after_done` does);
+- the sink stopped it (its exchange ended, or a newer attempt runs): the connection is closed, `on_end(None)`
+  (the driver ignores what a stale attempt reports);
+- a failure (connection lost, an error event, an unreadable answer, a stream that ended before `[DONE]`):
+  `on_end(UpstreamError)`, the connection closed;
+- headers that start no push (an error status, a whole JSON answer): the rest of the answer is read as
+  `push_generation` reads it, in a task (`finish_answer`), then `on_end`.
+
+`cancel()` (a retry elsewhere, a verdict, shutdown) closes the connection: how an engine learns its client
+left, as when the task of `push_generation` is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from rolloutgate.engines.base import UpstreamCall, UpstreamError
+from rolloutgate.engines.generation import EventDecoder, EventSink, SsePush, finish_answer
+from rolloutgate.engines.http import DRAIN_AFTER_DONE_S, JSON_HEADERS, as_upstream_error, map_exceptions
+from rolloutgate.engines.upstream import UpstreamPool, UpstreamResponse
+from rolloutgate.engines.upstream_wire import UpstreamConnection
+
+__all__ = ("EndSink", "PushedGeneration", "UpstreamHandle", "start_delivery", "start_push_generation")
+
+EndSink = Callable[[UpstreamError | None], None]  # the call's outcome: None when it ended well
+
+
+class UpstreamHandle(Protocol):
+    """A running upstream call: a task (`deliver` in one) or a `PushedGeneration`."""
+
+    def done(self) -> bool: ...
+
+    def cancel(self) -> bool | None: ...
+
+
+def start_delivery(
+    client: Any, call: UpstreamCall, on_events: EventSink, on_end: EndSink
+) -> UpstreamHandle | None:
+    """Start `call` without a task where the client can (`start_stream`: module docstring); None when it
+    cannot, for the caller to run `deliver` in a task."""
+    start = getattr(client, "start_stream", None)
+    return None if start is None else start(call, on_events, on_end)
+
+
+def start_push_generation(
+    upstream: UpstreamPool | None,
+    url: str,
+    make_body: Callable[[], bytes],
+    *,
+    headers: Mapping[str, str],
+    decoder: EventDecoder,
+    on_events: EventSink,
+    on_end: EndSink,
+) -> PushedGeneration | None:
+    """Start the call on an idle connection of `upstream` (the engine's lean pool, for `url`); None when
+    there is none (or no pool): then run `push_generation` as usual. `make_body` is called only when the call
+    starts here."""
+    if upstream is None or not url.startswith(upstream.base_url + "/"):
+        return None
+    connection = upstream.take_idle()
+    if connection is None:
+        return None
+    try:
+        request = upstream.request_bytes(
+            url[len(upstream.base_url) :], make_body(), {**headers, **JSON_HEADERS}
+        )
+    except ValueError:
+        upstream.finish(connection, ok=False)  # nothing was sent; push_generation raises the same error
+        return None
+    return PushedGeneration(upstream, connection, request, f"POST {url}", decoder, on_events, on_end)
+
+
+class PushedGeneration:
+    """The handle of one call started by `start_push_generation` (module docstring): `cancel()`, `done()`."""
+
+    __slots__ = ("_connection", "_decoder", "_on_end", "_on_events", "_pool", "_rest", "_sink", "_what")
+
+    def __init__(
+        self,
+        pool: UpstreamPool,
+        connection: UpstreamConnection,
+        request: bytes,
+        what: str,
+        decoder: EventDecoder,
+        on_events: EventSink,
+        on_end: EndSink,
+    ) -> None:
+        self._pool = pool
+        self._connection: UpstreamConnection | None = connection  # None once the call no longer holds it
+        self._what = what
+        self._decoder = decoder
+        self._on_events = on_events
+        self._on_end: EndSink | None = on_end  # None once reported or cancelled
+        self._rest: asyncio.Task[None] | None = None  # reading an answer that started no push
+        self._sink = SsePush(decoder, on_events)
+        connection.start(request, push_to=self._sink).add_done_callback(self._settled)
+
+    def done(self) -> bool:
+        return self._on_end is None
+
+    def cancel(self) -> bool:
+        self._on_end = None
+        if self._rest is not None:
+            self._rest.cancel()  # its connection closes as it unwinds
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.stop_push()
+            connection.close()
+        return True
+
+    # -- the callbacks -------------------------------------------------------------------------------------
+
+    def _settled(self, future: asyncio.Future[None]) -> None:
+        connection = self._connection
+        if connection is None or self._on_end is None:
+            return  # cancelled
+        if not connection.is_push(future):
+            failure = connection.failure_before_status()
+            if failure is not None:
+                self._end(_as_upstream_error(self._what, failure), close=True)
+            else:  # headers that start no push: read the rest in a task, as push_generation does
+                self._rest = asyncio.get_running_loop().create_task(self._finish(connection))
+            return
+        connection.stop_push()
+        failed = future.exception()
+        if failed is not None:
+            self._end(_as_upstream_error(self._what, failed), close=True)
+            return
+        sink = self._sink
+        if not sink.saw_done:
+            self._end(None if sink.stopped else sink.end_error(), close=True)
+            return
+        if connection.is_body_done:
+            self._end(None, close=False)
+            return
+        # The chunked terminator is still to come: the answer is complete, the connection is reused once
+        # it is drained (within `DRAIN_AFTER_DONE_S`, else closed), as `drain_after_done` does.
+        self._report(None)
+        drained = connection.start_push(_discard)
+        timer = asyncio.get_running_loop().call_later(DRAIN_AFTER_DONE_S, connection.close)
+        drained.add_done_callback(lambda future: self._drained(future, timer))
+
+    def _drained(self, future: asyncio.Future[None], timer: asyncio.TimerHandle) -> None:
+        timer.cancel()
+        self._release(ok=future.exception() is None)
+
+    async def _finish(self, connection: UpstreamConnection) -> None:
+        response = UpstreamResponse(connection)
+        try:
+            with map_exceptions(self._what):
+                await finish_answer(response, self._what, self._sink, self._decoder, self._on_events)
+        except UpstreamError as error:
+            self._end(error, close=True)
+            return
+        except BaseException:  # cancelled (`cancel()` closed the connection already), or a bug
+            self._release(ok=False)
+            raise
+        self._end(None, close=False)
+
+    def _end(self, error: UpstreamError | None, *, close: bool) -> None:
+        self._release(ok=not close)
+        self._report(error)
+
+    def _release(self, *, ok: bool) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.stop_push()
+            self._pool.finish(connection, ok=ok)
+
+    def _report(self, error: UpstreamError | None) -> None:
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None:
+            on_end(error)
+
+
+def _discard(piece: bytes) -> bool:
+    return True
+
+
+def _as_upstream_error(what: str, failed: BaseException) -> UpstreamError:
+    """What the push's future failed with, as `map_exceptions` would raise it; anything else (a bug, not an
+    answer of the engine's) is raised, as it would escape the task of `push_generation`."""
+    if isinstance(failed, Exception):
+        error = as_upstream_error(what, failed)
+        if error is not None:
+            return error
+    raise failed

@@ -1,0 +1,243 @@
+"""A pushed generation without a task (engines/push_call.py): each way an answer can end, on a scripted engine."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+
+import orjson
+import pytest
+
+from rolloutgate.engines import push_call
+from rolloutgate.engines.base import AssemblyHint, EngineFamily, UpstreamError, UpstreamEvent
+from rolloutgate.engines.generation import GenerateDecoder
+from rolloutgate.engines.push_call import PushedGeneration, start_push_generation
+from rolloutgate.engines.upstream import UpstreamPool
+
+from .scripted import ScriptedServer
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+END = b"0\r\n\r\n"
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def event(tokens: int, finish: str | None = None) -> bytes:
+    reason = {"type": finish} if finish else None
+    payload = {"text": "t" * tokens, "meta_info": {"completion_tokens": tokens, "finish_reason": reason}}
+    return chunk(b"data: " + orjson.dumps(payload) + b"\n\n")
+
+
+DONE = chunk(b"data: [DONE]\n\n")
+
+
+class Call:
+    """One call's observations: the events handed over, and its outcome."""
+
+    def __init__(self, keep_going: Callable[[], bool] = lambda: True) -> None:
+        self.events: list[UpstreamEvent] = []
+        self.ended: asyncio.Future[UpstreamError | None] = asyncio.get_running_loop().create_future()
+        self.ends = 0
+        self._keep_going = keep_going
+
+    def on_events(self, events: list[UpstreamEvent]) -> bool:
+        self.events += events
+        return self._keep_going()
+
+    def on_end(self, error: UpstreamError | None) -> None:
+        self.ends += 1
+        self.ended.set_result(error)
+
+    async def outcome(self) -> UpstreamError | None:
+        return await asyncio.wait_for(asyncio.shield(self.ended), 5)
+
+
+async def warm(pool: UpstreamPool, server: ScriptedServer) -> None:
+    """One plain call, so the pool holds an idle connection."""
+    script = server.script
+    server.script = lambda _request: [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"]
+    async with pool.post("/generate", b"{}", {}) as response:
+        assert await response.read() == b"ok"
+    server.script = script
+    assert pool.idle_count == 1
+
+
+def start(pool: UpstreamPool, call: Call) -> PushedGeneration | None:
+    return start_push_generation(
+        pool,
+        pool.base_url + "/generate",
+        lambda: b'{"input_ids":[1]}',
+        headers={"X-SMG-Routing-Key": "k"},
+        decoder=GenerateDecoder(AssemblyHint(family=EngineFamily.SGLANG)),
+        on_events=call.on_events,
+        on_end=call.on_end,
+    )
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(500):  # bounded: 5 s at most
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition never held")
+
+
+@pytest.fixture
+async def pool(server: ScriptedServer) -> UpstreamPool:
+    return UpstreamPool(server.url)
+
+
+async def test_without_an_idle_connection_the_caller_runs_a_task(pool: UpstreamPool) -> None:
+    assert start(pool, Call()) is None
+    assert (
+        start_push_generation(
+            None,
+            "http://x/generate",
+            bytes,
+            headers={},
+            decoder=None,
+            on_events=None,
+            on_end=None,  # type: ignore[arg-type]
+        )
+        is None
+    )
+
+
+async def test_a_stream_to_its_end_in_one_read(pool: UpstreamPool, server: ScriptedServer) -> None:
+    server.script = lambda _request: [HEAD + event(1) + event(3, "length") + DONE + END]
+    await warm(pool, server)
+    call = Call()
+    handle = start(pool, call)
+    assert handle is not None and not handle.done()
+    assert await call.outcome() is None
+    assert [e.tokens for e in call.events] == [1, 2] and handle.done()
+    assert pool.idle_count == 1 and server.connections == 1  # reused, and back in the pool
+    request = server.requests[-1]
+    assert request.startswith(b"POST /generate HTTP/1.1\r\n") and b"X-SMG-Routing-Key: k\r\n" in request
+    assert request.endswith(b'{"input_ids":[1]}') and b"Content-Type: application/json" in request
+
+
+async def test_the_terminator_after_done_is_drained_before_reuse(
+    pool: UpstreamPool, server: ScriptedServer
+) -> None:
+    server.script = lambda _request: [HEAD + event(2, "stop") + DONE, END]
+    server.gap_s = 0.05
+    await warm(pool, server)
+    call = Call()
+    start(pool, call)
+    assert await call.outcome() is None  # the answer is complete at [DONE]
+    await until(lambda: pool.idle_count == 1)  # the connection comes back once the terminator is read
+    assert server.connections == 1
+
+
+async def test_a_terminator_that_never_comes_closes_the_connection(
+    pool: UpstreamPool, server: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(push_call, "DRAIN_AFTER_DONE_S", 0.05)
+    server.script = lambda _request: [HEAD + event(2, "stop") + DONE, b"", b""]
+    server.gap_s = 0.5
+    await warm(pool, server)
+    call = Call()
+    start(pool, call)
+    assert await call.outcome() is None
+    await until(lambda: server.connections == 1 and pool.idle_count == 0)
+    await asyncio.sleep(0.1)  # past the drain limit
+    assert pool.idle_count == 0
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        (HEAD + event(1) + END, "ended before \\[DONE\\]"),
+        (HEAD + chunk(b'data: {"text":') + END, "ended inside an event"),
+        (HEAD + chunk(b'data: {"error": {"message": "boom"}}\n\n') + END, "boom"),
+        (HEAD + event(1) + b"zz\r\n", "unreadable"),
+    ],
+    ids=["no-done", "cut-event", "error-event", "garbage"],
+)
+async def test_a_failed_stream_ends_with_its_error_and_closes(
+    pool: UpstreamPool, server: ScriptedServer, answer: bytes, message: str
+) -> None:
+    server.script = lambda _request: [answer]
+    await warm(pool, server)
+    call = Call()
+    start(pool, call)
+    error = await call.outcome()
+    assert error is not None and error.retryable
+    assert re.search(message, error.message), error.message
+    assert pool.idle_count == 0 and call.ends == 1
+
+
+async def test_a_connection_lost_mid_stream(pool: UpstreamPool, server: ScriptedServer) -> None:
+    await warm(pool, server)
+    server.script = lambda _request: [HEAD + event(1)]
+    server.close_after_answer = True  # after this answer (the warm-up's connection stays open)
+    call = Call()
+    start(pool, call)
+    error = await call.outcome()
+    assert error is not None and "connection lost" in error.message and error.retryable
+    assert [e.tokens for e in call.events] == [1]
+
+
+async def test_an_error_status_is_read_as_push_generation_reads_it(
+    pool: UpstreamPool, server: ScriptedServer
+) -> None:
+    body = b'{"error": {"message": "queue full"}}'
+    server.script = lambda _request: [
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+        % (len(body), body)
+    ]
+    await warm(pool, server)
+    call = Call()
+    start(pool, call)
+    error = await call.outcome()
+    assert error is not None and error.status == 503 and "queue full" in error.message
+    assert call.events == []
+
+
+async def test_a_whole_json_answer_is_one_event(pool: UpstreamPool, server: ScriptedServer) -> None:
+    body = orjson.dumps(
+        {"text": "abc", "meta_info": {"completion_tokens": 3, "finish_reason": {"type": "stop"}}}
+    )
+    server.script = lambda _request: [
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+        % (len(body), body)
+    ]
+    await warm(pool, server)
+    call = Call()
+    start(pool, call)
+    assert await call.outcome() is None
+    assert len(call.events) == 1 and call.events[0].is_whole_body and call.events[0].tokens == 3
+    await until(lambda: pool.idle_count == 1)
+
+
+async def test_a_sink_that_stops_closes_the_connection(pool: UpstreamPool, server: ScriptedServer) -> None:
+    server.script = lambda _request: [HEAD + event(1), event(2), event(3, "stop") + DONE + END]
+    server.gap_s = 0.02
+    await warm(pool, server)
+    call = Call(keep_going=lambda: False)
+    start(pool, call)
+    assert await call.outcome() is None  # the driver ignores what a stale attempt reports
+    assert [e.tokens for e in call.events] == [1]
+    assert pool.idle_count == 0
+
+
+async def test_a_cancelled_call_reports_nothing_and_closes(
+    pool: UpstreamPool, server: ScriptedServer
+) -> None:
+    server.script = lambda _request: [HEAD, *[event(n) for n in range(1, 40)], DONE + END]
+    server.gap_s = 0.01
+    await warm(pool, server)
+    call = Call()
+    handle = start(pool, call)
+    assert handle is not None
+    await until(lambda: len(call.events) > 0)
+    handle.cancel()
+    assert handle.done()
+    count = len(call.events)
+    await asyncio.sleep(0.05)
+    assert len(call.events) == count and not call.ended.done()  # nothing after the cancel
+    assert pool.idle_count == 0
