@@ -11,7 +11,7 @@ _HEADER_FORMAT = (
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)  # not frozen: built per request (core/events.py, `_per_request`)
 class TimingBreakdown:
     """Seconds spent in each clock of the request's life so far.
 

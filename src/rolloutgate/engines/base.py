@@ -83,7 +83,7 @@ class EngineLoad:
         return False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)  # not frozen: built per request (core/events.py, `_per_request`)
 class UpstreamCall:
     """One attempt of a request on one engine."""
 

@@ -31,7 +31,7 @@ __all__ = ("DEFAULT_CLIENT_BUFFER_BYTES", "Exchange", "Finished", "Outbox", "Out
 DEFAULT_CLIENT_BUFFER_BYTES = 4 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request (core/events.py, `_per_request`)
 class Finished:
     """The request completed. `body` is the assembled answer for a non-streaming client (None for a stream)."""
 

@@ -43,7 +43,7 @@ _MAX_EVENTS_PER_WRITE = 64  # stream events joined into one write when they are 
 ERROR_TRAILER = b'\n{"rolloutgate": "error after keep-alive: the error object above is the answer"}\n'
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request (core/events.py, `_per_request`)
 class KeepAlive:
     """When to write keep-alive bytes: every `interval_s` real seconds of silence; None = never."""
 

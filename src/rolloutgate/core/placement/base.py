@@ -26,7 +26,7 @@ from typing import ClassVar, Protocol, TypeVar
 __all__ = ("EngineView", "PlacementPolicy", "PlacementRequest", "choose_pinned", "eligible", "least_loaded")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)  # not frozen: built per request (core/events.py, `_per_request`)
 class PlacementRequest:
     """What placement needs to know about one request."""
 
