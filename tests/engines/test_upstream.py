@@ -431,3 +431,13 @@ async def test_a_cancelled_armed_push_closes_its_connection(server: ScriptedServ
     await asyncio.sleep(0.05)
     assert len(seen.pieces) == count  # nothing is delivered after the cancel
     pool.close()
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-read", "byte-by-byte"])
+async def test_a_chunk_without_its_crlf_is_refused(server: ScriptedServer, split: bool) -> None:
+    answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY0\r\n\r\n"
+    server.script = lambda _request: bytewise(answer) if split else [answer]
+    pool = UpstreamPool(server.url)
+    with pytest.raises(UpstreamProtocolError, match="CRLF"):
+        await _read_all(pool)
+    pool.close()

@@ -217,6 +217,10 @@ class UpstreamConnection(asyncio.Protocol):
                     raise ValueError("negative chunk size")
                 if chunk_size == 0:
                     self._state = _TRAILERS
+                elif raw[pos + chunk_size : pos + chunk_size + 2] == b"\r\n":
+                    # The whole chunk and its CRLF are in this read (the usual case): one step, not three.
+                    self._emit(bytes(raw[pos : pos + chunk_size]))
+                    pos += chunk_size + 2
                 else:
                     self._remaining = chunk_size
                     self._state = _CHUNK_DATA
@@ -253,10 +257,9 @@ class UpstreamConnection(asyncio.Protocol):
         headers: dict[str, str] = {}
         for line in lines[1:]:
             name, sep, value = line.partition(b":")
-            key = name.strip().lower()
-            if not sep or key not in _KEPT_HEADERS:
+            name_text = _KEPT_HEADERS.get(name.strip().lower())
+            if name_text is None or not sep:
                 continue
-            name_text = _KEPT_HEADERS[key]
             text = value.strip().decode("latin-1")
             headers[name_text] = f"{headers[name_text]}, {text}" if name_text in headers else text
         encoding = headers.get("content-encoding", "identity").lower()
