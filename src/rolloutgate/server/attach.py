@@ -26,7 +26,9 @@ IDEMPOTENCY_HEADERS = ("Idempotency-Key", "X-Request-Id")
 
 
 def key_for(headers: Mapping[str, str], routing_key: str | None, raw_body: bytes) -> str | None:
-    explicit = next((headers[h] for h in IDEMPOTENCY_HEADERS if headers.get(h)), None)
+    explicit = headers.get(IDEMPOTENCY_HEADERS[0]) or headers.get(IDEMPOTENCY_HEADERS[1])
+    if not explicit and not routing_key:
+        return None  # the usual request without either: no key (attach_key's answer, without the call)
     body_hash = (
         hashlib.blake2b(raw_body, digest_size=16).hexdigest() if routing_key and not explicit else None
     )
