@@ -104,18 +104,20 @@ class PushedGeneration:
         self._pool = pool
         self._connection: UpstreamConnection | None = connection  # None once the call no longer holds it
         self._what = what
-        self._decoder = decoder
-        self._on_events = on_events
+        # What the answer goes to, dropped once the outcome is reported (or the call cancelled): it leads
+        # back to the exchange, which holds this handle, and a cycle would wait for the cyclic collector.
+        self._decoder: EventDecoder | None = decoder
+        self._on_events: EventSink | None = on_events
         self._on_end: EndSink | None = on_end  # None once reported or cancelled
         self._rest: asyncio.Task[None] | None = None  # reading an answer that started no push
-        self._sink = SsePush(decoder, on_events)
+        self._sink: SsePush | None = SsePush(decoder, on_events)
         connection.start(request, push_to=self._sink).add_done_callback(self._settled)
 
     def done(self) -> bool:
         return self._on_end is None
 
     def cancel(self) -> bool:
-        self._on_end = None
+        self._drop_consumer()
         if self._rest is not None:
             self._rest.cancel()  # its connection closes as it unwinds
         connection, self._connection = self._connection, None
@@ -143,6 +145,7 @@ class PushedGeneration:
             self._end(_as_upstream_error(self._what, failed), close=True)
             return
         sink = self._sink
+        assert sink is not None  # dropped only with `_on_end`
         if not sink.saw_done:
             self._end(None if sink.stopped else sink.end_error(), close=True)
             return
@@ -162,9 +165,11 @@ class PushedGeneration:
 
     async def _finish(self, connection: UpstreamConnection) -> None:
         response = UpstreamResponse(connection)
+        sink, decoder, on_events = self._sink, self._decoder, self._on_events
+        assert sink is not None and decoder is not None and on_events is not None  # not reported yet
         try:
             with map_exceptions(self._what):
-                await finish_answer(response, self._what, self._sink, self._decoder, self._on_events)
+                await finish_answer(response, self._what, sink, decoder, on_events)
         except UpstreamError as error:
             self._end(error, close=True)
             return
@@ -184,9 +189,13 @@ class PushedGeneration:
             self._pool.finish(connection, ok=ok)
 
     def _report(self, error: UpstreamError | None) -> None:
-        on_end, self._on_end = self._on_end, None
+        on_end = self._on_end
+        self._drop_consumer()
         if on_end is not None:
             on_end(error)
+
+    def _drop_consumer(self) -> None:
+        self._on_end = self._on_events = self._decoder = self._sink = None
 
 
 def _discard(piece: bytes) -> bool:
