@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
+import weakref
 from collections.abc import Callable
 
 import orjson
@@ -241,3 +243,20 @@ async def test_a_cancelled_call_reports_nothing_and_closes(
     await asyncio.sleep(0.05)
     assert len(call.events) == count and not call.ended.done()  # nothing after the cancel
     assert pool.idle_count == 0
+
+
+async def test_a_finished_call_leaves_no_reference_cycle(pool: UpstreamPool, server: ScriptedServer) -> None:
+    """The driver's exchange holds the call's handle, and the call's sink leads back to the exchange: once
+    the outcome is reported, the call lets go, so the exchange is freed at once, not by the cyclic collector."""
+    server.script = lambda _request: [HEAD + event(2, "stop") + DONE + END]
+    await warm(pool, server)
+    call = Call()
+    call.handle = start(pool, call)  # type: ignore[attr-defined]  # as Exchange.upstream_task holds it
+    assert await call.outcome() is None
+    gone = weakref.ref(call)
+    gc.disable()
+    try:
+        del call
+        assert gone() is None
+    finally:
+        gc.enable()
