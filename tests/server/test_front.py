@@ -11,7 +11,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from rolloutgate.errors import PayloadTooLarge
-from rolloutgate.server.front import read_body
+from rolloutgate.server.front import _RequestIds, read_body
 
 LIMIT = 64
 
@@ -76,3 +76,12 @@ async def test_a_body_that_comes_after_the_headers(served: tuple[int, asyncio.Ev
     assert await _post(port, _head(5), [b"hel", b"lo"], started) == b"read:hello"
     started.clear()
     assert await _post(port, _head(None), _chunks(b"a" * 40, b"b" * 30), started) == b"too large"
+
+
+def test_request_ids_are_32_hex_digits_unique_and_distinct_per_process() -> None:
+    ids = _RequestIds()
+    seen = {ids() for _ in range(10_000)}
+    assert len(seen) == 10_000
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in seen)
+    other = _RequestIds()  # another gateway process: another prefix
+    assert {i[:16] for i in seen} != {other()[:16]}
