@@ -36,6 +36,14 @@ def event(tokens: int, finish: str | None = None) -> bytes:
 DONE = chunk(b"data: [DONE]\n\n")
 
 
+def json_answer(status: bytes, body: bytes) -> bytes:
+    return b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        status,
+        len(body),
+        body,
+    )
+
+
 class Call:
     """One call's observations: the events handed over, and its outcome."""
 
@@ -188,10 +196,7 @@ async def test_an_error_status_is_read_as_push_generation_reads_it(
     pool: UpstreamPool, server: ScriptedServer
 ) -> None:
     body = b'{"error": {"message": "queue full"}}'
-    server.script = lambda _request: [
-        b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-        % (len(body), body)
-    ]
+    server.script = lambda _request: [json_answer(b"503 Service Unavailable", body)]
     await warm(pool, server)
     call = Call()
     start(pool, call)
@@ -204,10 +209,7 @@ async def test_a_whole_json_answer_is_one_event(pool: UpstreamPool, server: Scri
     body = orjson.dumps(
         {"text": "abc", "meta_info": {"completion_tokens": 3, "finish_reason": {"type": "stop"}}}
     )
-    server.script = lambda _request: [
-        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-        % (len(body), body)
-    ]
+    server.script = lambda _request: [json_answer(b"200 OK", body)]
     await warm(pool, server)
     call = Call()
     start(pool, call)
