@@ -25,10 +25,7 @@ __all__ = (
 )
 
 _frozen = {"frozen": True, "slots": True, "kw_only": True}
-# The events and commands of every request (several per request, on the hot path) are not frozen: a frozen
-# dataclass sets each field through object.__setattr__, 2.5x the cost of a plain one (docs/benchmarks.md,
-# fourth session). They are never changed after construction all the same; the rest stay frozen.
-_per_request = {"slots": True, "kw_only": True}
+_per_request = {"slots": True, "kw_only": True}  # not frozen: built for every request (see core/events.py)
 
 
 class AbortReason(enum.Enum):

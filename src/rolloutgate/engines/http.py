@@ -47,11 +47,13 @@ __all__ = (
     "check_json_object",
     "drain_after_done",
     "fetch_models",
+    "generation_headers",
     "get_json",
     "get_text",
     "is_error_frame",
     "is_ok",
     "iter_sse_data",
+    "lean_path",
     "map_exceptions",
     "parse_prometheus",
     "positive_int",
@@ -419,12 +421,23 @@ def post_generation(
     lean keep-alive pool (engines/upstream.py) when the adapter has one for `url`, else through aiohttp.
     Call inside `map_exceptions`. Both responses offer what `raise_for_status`, `iter_sse_data` and
     `read()` use. `push_to` (the lean pool only) arms a push of a 200 event stream: see UpstreamPool.post."""
-    merged = {**headers, **JSON_HEADERS}
-    if upstream is not None and url.startswith(upstream.base_url + "/"):
-        return upstream.post(
-            url[len(upstream.base_url) :], data, merged, connect_timeout=timeouts.connect_s, push_to=push_to
-        )
+    merged = generation_headers(headers)
+    path = lean_path(upstream, url)
+    if upstream is not None and path is not None:
+        return upstream.post(path, data, merged, connect_timeout=timeouts.connect_s, push_to=push_to)
     return session.post(url, data=data, headers=merged, timeout=timeouts.generation())
+
+
+def generation_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """A generation POST's headers: the client's that are passed on, and the JSON content type."""
+    return {**headers, **JSON_HEADERS}
+
+
+def lean_path(upstream: UpstreamPool | None, url: str) -> str | None:
+    """The path of `url` when the engine's lean pool serves it (engines/upstream.py), else None."""
+    if upstream is not None and url.startswith(upstream.base_url + "/"):
+        return url[len(upstream.base_url) :]
+    return None
 
 
 def upstream_pool(url: str) -> UpstreamPool | None:

@@ -12,7 +12,7 @@ inside the socket read that settled the push, so the driver may reuse the connec
 
 - the stream reached `[DONE]`: `on_end(None)`; the connection goes back to its pool once its answer ended
   (the chunked terminator usually comes in the same read; otherwise it is drained, for at most
-  `_DRAIN_AFTER_DONE_S`, as `drain_after_done` does);
+  `DRAIN_AFTER_DONE_S`, as `drain_after_done` does);
 - the sink stopped it (its exchange ended, or a newer attempt runs): the connection is closed, `on_end(None)`
   (the driver ignores what a stale attempt reports);
 - a failure (connection lost, an error event, an unreadable answer, a stream that ended before `[DONE]`):
@@ -32,7 +32,13 @@ from typing import Any, Protocol
 
 from rolloutgate.engines.base import UpstreamCall, UpstreamError
 from rolloutgate.engines.generation import EventDecoder, EventSink, SsePush, finish_answer
-from rolloutgate.engines.http import DRAIN_AFTER_DONE_S, JSON_HEADERS, as_upstream_error, map_exceptions
+from rolloutgate.engines.http import (
+    DRAIN_AFTER_DONE_S,
+    as_upstream_error,
+    generation_headers,
+    lean_path,
+    map_exceptions,
+)
 from rolloutgate.engines.upstream import UpstreamPool, UpstreamResponse
 from rolloutgate.engines.upstream_wire import UpstreamConnection
 
@@ -71,15 +77,14 @@ def start_push_generation(
     """Start the call on an idle connection of `upstream` (the engine's lean pool, for `url`); None when
     there is none (or no pool): then run `push_generation` as usual. `make_body` is called only when the call
     starts here."""
-    if upstream is None or not url.startswith(upstream.base_url + "/"):
+    path = lean_path(upstream, url)
+    if upstream is None or path is None:
         return None
     connection = upstream.take_idle()
     if connection is None:
         return None
     try:
-        request = upstream.request_bytes(
-            url[len(upstream.base_url) :], make_body(), {**headers, **JSON_HEADERS}
-        )
+        request = upstream.request_bytes(path, make_body(), generation_headers(headers))
     except ValueError:
         upstream.finish(connection, ok=False)  # nothing was sent; push_generation raises the same error
         return None

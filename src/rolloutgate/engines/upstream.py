@@ -8,8 +8,8 @@ POSTs go through this module, everything else (probes, health, load, abort, cont
 
 - `UpstreamPool` (one per engine) keeps idle keep-alive connections; `pool.post(path, body, headers)` is an
   async context manager yielding an `UpstreamResponse` once the status line and headers are in (with
-  `push_to=sink`, a 200 event stream's body goes to the sink first, and the response comes at its end). Leaving it
-  after the body was read to its end returns the connection to the pool; leaving it any other way
+  `push_to=sink`, a 200 event stream's body goes to the sink first, and the response comes at its end).
+  Leaving it after the body was read to its end returns the connection to the pool; leaving it any other way
   (an error, cancellation, a body not read to its end) closes the connection, which is how an engine learns
   that its client went away (vLLM aborts the generation then). An idle connection is reused only while it is
   younger than `_MAX_IDLE_S`, below the engines' own keep-alive limit.
