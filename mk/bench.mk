@@ -12,8 +12,8 @@ BENCH_ARGS  ?=
 .PHONY: bench
 
 $(BENCH_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	$(BIN)/python -m pip install -q -e '.[test,native,bench]'
 	touch $@
 
-bench: $(STAMP) $(BENCH_STAMP)
+bench: $(READY) $(BENCH_STAMP)
 	$(BIN)/python -m rolloutgate bench $(BENCH_ARGS)

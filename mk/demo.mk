@@ -5,5 +5,5 @@ DEMO_OUT ?= out/demo
 
 .PHONY: demo
 
-demo: $(STAMP)
+demo: $(READY)
 	LITELLM_LOCAL_MODEL_COST_MAP=True $(BIN)/rolloutgate replay incident --out $(DEMO_OUT)

@@ -33,9 +33,9 @@ e2e-model: $(E2E_MODEL_STAMP)
 
 # Two engines, the suite, the engines stopped by PID whatever happens (scripts/e2e_run.sh).
 # Extra pytest arguments: make test-e2e E2E_PYTEST_ARGS='-k affinity -x'
-test-e2e: $(STAMP) $(E2E_STAMP) $(E2E_MODEL_STAMP)
+test-e2e: $(READY) $(E2E_STAMP) $(E2E_MODEL_STAMP)
 	E2E_VENV=$(E2E_VENV) VENV=$(VENV) E2E_DIR=$(E2E_DIR) bash scripts/e2e_run.sh $(E2E_PYTEST_ARGS)
 
 # The same client-side tests against the simulator in --api vllm mode: no engine install, ~2.5 minutes.
-test-e2e-sim: $(STAMP)
+test-e2e-sim: $(READY)
 	E2E_BACKEND=sim LITELLM_LOCAL_MODEL_COST_MAP=True $(BIN)/python -m pytest -m e2e tests/e2e $(E2E_PYTEST_ARGS)

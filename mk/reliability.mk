@@ -7,5 +7,5 @@
 #   RG_LOAD_SECONDS=180 make test-reliability              hold the load for longer
 .PHONY: test-reliability
 
-test-reliability: $(STAMP)
+test-reliability: $(READY)
 	LITELLM_LOCAL_MODEL_COST_MAP=True $(BIN)/python -m pytest -m reliability tests/reliability -q $(RELIABILITY_ARGS)

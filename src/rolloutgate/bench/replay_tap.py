@@ -30,6 +30,7 @@ from aiohttp import web
 
 from rolloutgate.config import GatewaySettings
 from rolloutgate.core.commands import Command, MarkEngine
+from rolloutgate.core.gateway import Gateway
 from rolloutgate.server.app import build_app
 from rolloutgate.server.context import CONTEXT, GatewayContext
 from rolloutgate.server.exchange import Exchange, Finished
@@ -136,17 +137,7 @@ class TappedGateway:
 
         driver.submit = tapped_submit  # type: ignore[method-assign]
         driver.on_end.append(self._on_end)
-        core = driver.core
-        handle, on_time = core.handle, core.on_time
-
-        def tapped_handle(event: Any, now: float, *, defer_deadlines: bool = False) -> list[Command]:
-            return self._look(handle(event, now, defer_deadlines=defer_deadlines))
-
-        def tapped_on_time(now: float) -> list[Command]:
-            return self._look(on_time(now))
-
-        core.handle = tapped_handle  # type: ignore[method-assign]
-        core.on_time = tapped_on_time  # type: ignore[method-assign]
+        driver.core = _TappedCore(driver.core, self._look)  # type: ignore[assignment]
         self._app = app
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
@@ -219,3 +210,22 @@ class TappedGateway:
                     )
                 )
         return commands
+
+
+class _TappedCore:
+    """The driver's core with its verdicts looked at (`look`) on their way to the driver; everything else is
+    the core's own. A wrapper rather than patched methods: the compiled core's methods cannot be replaced
+    (core/_native.py)."""
+
+    def __init__(self, core: Gateway, look: Callable[[list[Command]], list[Command]]) -> None:
+        self._core = core
+        self._look = look
+
+    def handle(self, event: Any, now: float, *, defer_deadlines: bool = False) -> list[Command]:
+        return self._look(self._core.handle(event, now, defer_deadlines=defer_deadlines))
+
+    def on_time(self, now: float) -> list[Command]:
+        return self._look(self._core.on_time(now))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._core, name)

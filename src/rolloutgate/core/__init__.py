@@ -21,3 +21,8 @@ Module map:
     timer_heap                        keyed lazy-deletion deadlines
     attach                            retry attachment index (attach keys -> request ids, TTL + LRU)
 """
+
+from rolloutgate.core._native import compiled_first
+
+# The compiled core first when `make native` built it from these sources (_native.py); else the modules here.
+__path__ = compiled_first(__path__)

@@ -191,4 +191,7 @@ class EngineSlots:
             self.budget_tokens -= uncached_tokens
 
     def __repr__(self) -> str:
-        return f"<EngineSlots [{self.in_flight}/{self.capacity} in flight, {self.prefill_tokens} prefill tokens]>"
+        return (
+            f"<EngineSlots [{self.in_flight}/{self.capacity:g} in flight, "  # float: 2.0 compiled (_native.py)
+            f"{self.prefill_tokens} prefill tokens]>"
+        )

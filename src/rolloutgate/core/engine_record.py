@@ -120,5 +120,5 @@ class EngineRecord:
         paused = " paused" if self.is_paused else ""
         return (
             f"<EngineRecord {self.engine_id} {self.state.value}{paused} "
-            f"[{self.slots.in_flight}/{self.slots.capacity} in flight]>"
+            f"[{self.slots.in_flight}/{self.slots.capacity:g} in flight]>"  # float: 2.0 compiled (_native.py)
         )
