@@ -10,6 +10,7 @@ import asyncio
 import pytest
 
 from rolloutgate.engines import upstream
+from rolloutgate.engines import upstream_wire as wire
 from rolloutgate.engines.base import UpstreamError
 from rolloutgate.engines.http import map_exceptions
 from rolloutgate.engines.upstream import (
@@ -17,6 +18,7 @@ from rolloutgate.engines.upstream import (
     UpstreamPool,
     UpstreamProtocolError,
 )
+from rolloutgate.engines.upstream_wire import ParsedHead, parse_head
 
 from .scripted import ScriptedServer, bytewise
 
@@ -25,6 +27,49 @@ async def _read_all(pool: UpstreamPool, path: str = "/generate") -> tuple[int, s
     async with pool.post(path, b'{"x":1}', {"Content-Type": "application/json"}) as response:
         body = b"".join([piece async for piece in response.content.iter_any()])
         return response.status, response.content_type, body
+
+
+SIM_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+    b"Transfer-Encoding: chunked\r\nDate: Tue, 01 Dec 2026 05:20:28 GMT\r\nServer: Python/3.11 aiohttp/3.14.5"
+)
+
+
+@pytest.mark.parametrize(
+    ("head", "expected"),
+    [
+        (SIM_HEAD, ParsedHead(200, "text/event-stream", True, True, wire._CHUNK_SIZE, 0)),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 12",
+            ParsedHead(200, "application/json", False, True, wire._LENGTH, 12),
+        ),
+        (
+            b"HTTP/1.0 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: 2",
+            ParsedHead(400, "application/json", False, False, wire._LENGTH, 2),
+        ),
+        (b"HTTP/1.1 204 No Content\r\nConnection: close", ParsedHead(204, "", False, False, wire._DONE, 0)),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/plain",
+            ParsedHead(200, "text/plain", False, False, wire._UNTIL_EOF, 0),
+        ),
+        (b"HTTP/1.1 100 Continue", None),
+    ],
+    ids=["sse", "length", "http-1.0", "no-body", "until-close", "interim"],
+)
+def test_a_head_is_read_once_per_distinct_bytes(head: bytes, expected: ParsedHead | None) -> None:
+    parsed = parse_head(bytes(head))
+    assert parsed == expected
+    assert parse_head(bytes(head)) is parsed  # an equal head (another bytes object) is not parsed again
+    next_second = head.replace(b"05:20:28", b"05:20:29")
+    assert parse_head(next_second) == expected
+
+
+def test_an_unreadable_head_raises_every_time() -> None:
+    for _ in range(2):  # not cached: a failure is never answered from memory
+        with pytest.raises(ValueError, match="encoded"):
+            parse_head(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 3")
+    with pytest.raises(ValueError, match="status line"):
+        parse_head(b"SPDY/3 200 OK")
 
 
 async def test_content_length_answer_and_the_connection_is_reused(server: ScriptedServer) -> None:

@@ -27,14 +27,18 @@ connection closed before the answer ended), `UpstreamProtocolError` (not an HTTP
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
+from typing import NamedTuple
 
 __all__ = (
     "BodySink",
+    "ParsedHead",
     "UpstreamConnectError",
     "UpstreamConnection",
     "UpstreamDisconnected",
     "UpstreamProtocolError",
+    "parse_head",
 )
 
 _HIGH_WATER = 256 * 1024  # queued body bytes above which the socket is not read
@@ -66,6 +70,59 @@ class UpstreamProtocolError(Exception):
 
 def _is_event_stream(content_type: str) -> bool:
     return content_type.partition(";")[0].strip().lower() == "text/event-stream"
+
+
+class ParsedHead(NamedTuple):
+    """What this client reads of an answer's status line and headers."""
+
+    status: int
+    content_type: str  # as sent ("" without one)
+    is_event_stream: bool  # the content type is text/event-stream
+    keeps_alive: bool  # HTTP/1.1 and no `Connection: close`
+    framing: int  # how the body ends: _CHUNK_SIZE (chunked), _LENGTH, _DONE (no body) or _UNTIL_EOF
+    length: int  # the Content-Length with _LENGTH
+
+
+@functools.lru_cache(maxsize=64)
+def parse_head(head: bytes) -> ParsedHead | None:
+    """The status line and headers (`head`, without the blank line); None for an interim (1xx) answer.
+    Raises ValueError for a head this client cannot read.
+
+    Cached: an engine answers with the same head bytes but for its Date line (once a second) and, for
+    whole bodies, Content-Length; ~20 string operations per answer otherwise (docs/benchmarks.md)."""
+    lines = head.split(b"\r\n")
+    version, _, rest = lines[0].partition(b" ")
+    if not version.startswith(b"HTTP/1."):
+        raise ValueError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
+    status = int(rest[:3])
+    if 100 <= status < 200:
+        return None
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        name_text = _KEPT_HEADERS.get(name.strip().lower())
+        if name_text is None or not sep:
+            continue
+        text = value.strip().decode("latin-1")
+        headers[name_text] = f"{headers[name_text]}, {text}" if name_text in headers else text
+    encoding = headers.get("content-encoding", "identity").lower()
+    if encoding not in ("identity", ""):
+        raise ValueError(f"a {encoding}-encoded answer (no encoding was asked for)")
+    keeps_alive = version == b"HTTP/1.1" and "close" not in headers.get("connection", "").lower()
+    content_type = headers.get("content-type", "")
+    stream = _is_event_stream(content_type)
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return ParsedHead(status, content_type, stream, keeps_alive, _CHUNK_SIZE, 0)
+    if "content-length" in headers:
+        length = int(headers["content-length"])
+        if length < 0:
+            raise ValueError("negative Content-Length")
+        return ParsedHead(status, content_type, stream, keeps_alive, _LENGTH, length)
+    if status in (204, 304):
+        return ParsedHead(status, content_type, stream, keeps_alive, _DONE, 0)
+    return ParsedHead(
+        status, content_type, stream, False, _UNTIL_EOF, 0
+    )  # delimited by the close: not reusable
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -247,49 +304,25 @@ class UpstreamConnection(asyncio.Protocol):
         return pos
 
     def _read_head(self, head: bytes) -> None:
-        lines = head.split(b"\r\n")
-        version, _, rest = lines[0].partition(b" ")
-        if not version.startswith(b"HTTP/1."):
-            raise ValueError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
-        status = int(rest[:3])
-        if 100 <= status < 200:
+        parsed = parse_head(head)
+        if parsed is None:
             return  # an interim answer (100 Continue): the real one follows
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(b":")
-            name_text = _KEPT_HEADERS.get(name.strip().lower())
-            if name_text is None or not sep:
-                continue
-            text = value.strip().decode("latin-1")
-            headers[name_text] = f"{headers[name_text]}, {text}" if name_text in headers else text
-        encoding = headers.get("content-encoding", "identity").lower()
-        if encoding not in ("identity", ""):
-            raise ValueError(f"a {encoding}-encoded answer (no encoding was asked for)")
-        self.status = status
+        self.status = parsed.status
         # only the content type is kept (a dict per open stream is memory held for nothing)
-        self.content_type = headers.get("content-type", "")
-        connection = headers.get("connection", "").lower()
-        if version != b"HTTP/1.1" or "close" in connection:
+        self.content_type = parsed.content_type
+        if not parsed.keeps_alive:
             self.is_reusable = False
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            self._state = _CHUNK_SIZE
-        elif "content-length" in headers:
-            length = int(headers["content-length"])
-            if length < 0:
-                raise ValueError("negative Content-Length")
-            self._remaining = length
-            self._state = _LENGTH
-            if length == 0:
+        self._state = parsed.framing
+        if parsed.framing == _LENGTH:
+            self._remaining = parsed.length
+            if parsed.length == 0:
                 self._finish_body()
-        elif status in (204, 304):
-            self._finish_body()
-        else:
-            self._state = _UNTIL_EOF
-            self.is_reusable = False
+        elif parsed.framing == _DONE:
+            self._finish_body()  # 204, 304: no body
         armed = self._armed
         if armed is not None:
             self._armed = None
-            pushable = status == 200 and self._state != _DONE and _is_event_stream(self.content_type)
+            pushable = parsed.status == 200 and self._state != _DONE and parsed.is_event_stream
             if pushable and self._head_waiter is not None:
                 # The push starts here, with the body of this read; the waiter of `send` becomes the push's.
                 # (Not while `send` waits for its request to drain: it reads the head as without a sink then.)
