@@ -3,11 +3,13 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# The core compiled by mypyc (src/rolloutgate/core/_native.py), rebuilt when a core source changes; the gateway
-# runs it when it matches its sources, the interpreted core otherwise. READY: installed, core compiled.
-NATIVE       := build/native/rolloutgate/core/manifest.json
-CORE_SOURCES := $(shell find src/rolloutgate/core -name '*.py')
-READY        := $(STAMP) $(NATIVE)
+# The core and three pure edge modules compiled by mypyc (src/rolloutgate/core/_native.py), rebuilt when one of
+# their sources changes; the gateway runs them when they match their sources, the interpreted ones otherwise.
+# READY: installed and compiled.
+NATIVE         := build/native/manifest.json
+NATIVE_SOURCES := $(shell find src/rolloutgate/core -name '*.py') src/rolloutgate/engines/assemble.py \
+                  src/rolloutgate/engines/progress.py src/rolloutgate/server/validate.py
+READY          := $(STAMP) $(NATIVE)
 
 .PHONY: test lint typecheck venv native clean sim-bench
 
@@ -19,15 +21,16 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-$(NATIVE): $(STAMP) $(CORE_SOURCES) scripts/build_native.py
+$(NATIVE): $(STAMP) $(NATIVE_SOURCES) scripts/build_native.py
 	$(BIN)/python scripts/build_native.py
 
 native: $(NATIVE)
 
-# The suite runs on the compiled core; the core's own tests run once more on the interpreted one.
+# The suite runs on the compiled modules; their own tests run once more on the interpreted ones.
 test: $(READY)
 	LITELLM_LOCAL_MODEL_COST_MAP=True $(BIN)/python -m pytest -q
-	ROLLOUTGATE_NATIVE=0 $(BIN)/python -m pytest -q tests/core
+	ROLLOUTGATE_NATIVE=0 $(BIN)/python -m pytest -q tests/core tests/engines/test_assemble.py \
+		tests/engines/test_progress.py tests/server/test_validate.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
