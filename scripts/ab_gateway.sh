@@ -7,7 +7,9 @@
 #   scripts/ab_gateway.sh HEAD~3 stream 1 4 4
 #
 # Pinning as in `make bench`: each gateway alone on CPU 0, the engine (the simulator's `fast` profile) and
-# wrk on CPU 1. Needs wrk and taskset; the project's .venv (make install). Servers bind to 127.0.0.1.
+# wrk on CPU 1. Each side runs its compiled modules (core/_native.py): the base is built in its worktree, the
+# working tree is as `make native` left it. Needs wrk, taskset and gcc; the project's .venv (make test).
+# Servers bind to 127.0.0.1.
 set -euo pipefail
 
 base=${1:?usage: scripts/ab_gateway.sh <base-commit> [plain|stream] [connections] [seconds] [rounds]}
@@ -21,6 +23,10 @@ work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; git -C "$root" worktree remove --force "$work/base" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 
 git -C "$root" worktree add --detach -q "$work/base" "$base"
+# Both sides run compiled where their code has a native build (core/_native.py): the base gets its own.
+if [ -f "$work/base/scripts/build_native.py" ]; then
+	"$python" "$work/base/scripts/build_native.py" >/dev/null
+fi
 
 stream=false
 [ "$mode" = stream ] && stream=true

@@ -8,8 +8,12 @@
 #
 # Two runs of the gateway under `valgrind --tool=cachegrind --cache-sim=no` in front of the simulator's `fast`
 # profile: 200 requests, then 2,200, over 32 keep-alive connections from a small aiohttp client; the
-# difference of their totals over 2,000 is the count per request (start-up and shutdown cancel out; two runs
-# of the same code agree within ~0.5%). ~40 s. Needs valgrind and the project's .venv (make install).
+# difference of their totals over 2,000 is the count per request (start-up and shutdown cancel out). Two runs
+# of the same code agree within ~0.5% on a quiet machine, but were up to ~5% apart in a busier hour (the
+# requests batched per loop iteration vary): take several, in turns (docs/benchmarks.md, sixth session).
+# The compiled modules are used where built and fresh (core/_native.py): a commit's worktree gets its own
+# `scripts/build_native.py` build when it has one (~30 s more). ~40 s. Needs valgrind, gcc and the project's
+# .venv (make test).
 set -euo pipefail
 
 target=${1:-.}
@@ -24,6 +28,9 @@ if [ -d "$target" ]; then
 	tree=$(cd "$target" && pwd)
 else
 	git -C "$root" worktree add --detach -q "$work/tree" "$target"
+	if [ -f "$work/tree/scripts/build_native.py" ]; then
+		"$python" "$work/tree/scripts/build_native.py" >/dev/null
+	fi
 	tree=$work/tree
 fi
 
