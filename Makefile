@@ -3,13 +3,12 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# The core and three pure edge modules compiled by mypyc (src/rolloutgate/core/_native.py), rebuilt when one of
-# their sources changes; the gateway runs them when they match their sources, the interpreted ones otherwise.
-# READY: installed and compiled.
-NATIVE         := build/native/manifest.json
-NATIVE_SOURCES := $(shell find src/rolloutgate/core -name '*.py') src/rolloutgate/engines/assemble.py \
-                  src/rolloutgate/engines/progress.py src/rolloutgate/server/validate.py
-READY          := $(STAMP) $(NATIVE)
+# The core and three pure edge modules compiled by mypyc (src/rolloutgate/core/_native.py names them); the
+# build script rebuilds only when their sources changed. The gateway runs them when they match their sources,
+# the interpreted ones otherwise. READY: installed and compiled.
+NATIVE  := build/native/manifest.json
+SOURCES := $(shell find src/rolloutgate -name '*.py')
+READY   := $(STAMP) $(NATIVE)
 
 .PHONY: test lint typecheck venv native clean sim-bench
 
@@ -21,7 +20,7 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-$(NATIVE): $(STAMP) $(NATIVE_SOURCES) scripts/build_native.py
+$(NATIVE): $(STAMP) $(SOURCES) scripts/build_native.py
 	$(BIN)/python scripts/build_native.py
 
 native: $(NATIVE)
