@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import signal
 import sys
 from typing import Any
@@ -42,6 +43,18 @@ _OVERRIDES: dict[str, tuple[str, type, str, float]] = {
     "--stop-fraction": ("stop_fraction", float, "share of requests that stop early with EOS", 1.0),
     "--weight-update-s": ("weight_update_s", float, "duration of a weight update (simulated s)", 1.0),
     "--disconnect-lag-s": ("disconnect_lag_s", float, "SGLang: lag before a disconnect aborts", 1.0),
+    "--output-mb-per-s": (
+        "output_bytes_per_s",
+        float,
+        "output path (tokenizer manager): MB serialised per simulated second (inf: free)",
+        1e6,
+    ),
+    "--output-chunk-us": (
+        "output_chunk_s",
+        float,
+        "output path: cost of each stream chunk or body (simulated microseconds)",
+        1e-6,
+    ),
 }
 _ALIASES = {"--chunked-prefill-size": ("--chunk-size",)}
 
@@ -56,6 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin-port", type=int, default=None, help="cluster admin server (0: any)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-prefix-cache", action="store_true", help="disable the prefix cache")
+    parser.add_argument(
+        "--no-output-cost",
+        action="store_true",
+        help="answers cost no simulated time on the engine's output path (counters still count)",
+    )
     parser.add_argument(
         "--fault",
         action="append",
@@ -81,6 +99,9 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
             out[field] = value * scale if scale != 1.0 else value
     if args.no_prefix_cache:
         out["enable_prefix_cache"] = False
+    if args.no_output_cost:
+        out["output_bytes_per_s"] = math.inf
+        out["output_chunk_s"] = 0.0
     return out
 
 

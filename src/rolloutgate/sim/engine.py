@@ -20,6 +20,7 @@ from rolloutgate.runtime_clock import ScaledClock
 from rolloutgate.sim.driver import SimDriver
 from rolloutgate.sim.engine_model import EngineModel
 from rolloutgate.sim.faults import Fault
+from rolloutgate.sim.output_path import OutputQueue
 from rolloutgate.sim.profiles import SimEngineConfig
 from rolloutgate.sim.request import SimRequest
 
@@ -49,6 +50,7 @@ class SimEngine:
         self.port = port
         self.weight_version = "default"
         self.model = EngineModel(config, api=api)
+        self.output = OutputQueue(self.model.output, clock)  # the tokenizer manager (sim/output_path.py)
         self._driver: SimDriver | None = None
         self._runner: web.AppRunner | None = None
         self._server: asyncio.AbstractServer | None = None
@@ -219,6 +221,10 @@ class SimEngine:
             "updating_weights": self._updating,
             "weight_version": self.weight_version,
             "faults": [f.to_json() for f in model.faults.values()],
+            "output_bytes_total": model.output.bytes_total,
+            "output_chunks_total": model.output.chunks_total,
+            "output_busy_s": model.output.busy_s(self.now()),
+            "output_backlog_s": model.output.backlog_s(self.now()),
         }
         if rid is not None:
             req = model.request(rid)

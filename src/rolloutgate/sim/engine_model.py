@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rolloutgate.sim.faults import Fault
+from rolloutgate.sim.output_path import OutputPath
 from rolloutgate.sim.prefix_cache import PrefixCache, block_hashes
 from rolloutgate.sim.profiles import SimEngineConfig, decode_step_s, prefill_chunk_s
 from rolloutgate.sim.request import FinishReason, RequestState, SimRequest
@@ -87,6 +88,7 @@ class EngineModel:
         self.faults: dict[str, Fault] = {}
         self.pause_mode: str | None = None
         self.stats = EngineStats()
+        self.output = OutputPath(config)  # the tokenizer manager's queue and counters (sim/output_path.py)
         self.ledger: GenerationLedger | None = None  # benchmarks: every generation and hold (sim/ledger.py)
 
     # ----------------------------------------------------------------------------- queries
@@ -258,6 +260,7 @@ class EngineModel:
         self._holds.discard("pause")
         self.pause_mode = None
         self.cache.clear()
+        self.output.reset(now)
         self._kv_used = self._running_context = 0
 
     # ----------------------------------------------------------------------------- stepping
@@ -448,6 +451,8 @@ class EngineModel:
             req.first_token_at = at if times is None else times[0]
             if not req.internal:
                 self.stats.ttft.observe(req.first_token_at - req.submitted_at)
+        if req.emit_log is not None:
+            req.emit_log.append((req.completion_tokens, count, at, times))
         req.completion_tokens += count
         self._kv_used += count
         self._running_context += count

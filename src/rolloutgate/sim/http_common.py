@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
 
 from rolloutgate.sim.faults import Fault, parse_fault
+from rolloutgate.sim.output_path import MIN_SLEEP_REAL_S
 from rolloutgate.sim.params import BadRequest
 from rolloutgate.sim.request import SimRequest
 
@@ -21,10 +24,14 @@ if TYPE_CHECKING:
 __all__ = (
     "DONE",
     "DisconnectWatcher",
+    "Frame",
     "StreamCursor",
+    "StreamWriter",
     "add_admin_routes",
+    "emit_body",
     "json_response",
     "read_json",
+    "serve_frames",
     "sse",
     "sse_headers",
 )
@@ -46,6 +53,152 @@ def sse(data: Any) -> bytes:
 
 def sse_headers() -> dict[str, str]:
     return {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+@dataclass(slots=True)
+class Frame:
+    """One item of a generation answer on its way out: a stream chunk (SSE frame) or a whole body.
+
+    `ready_at`: when the engine produced the output it carries (simulated s); `retime(delay)`: the item
+    serialised again when the output path served it `delay` late, for items that report their own time
+    (SGLang's `e2e_latency`, stamped by the tokenizer manager when it gets to the output); `answers`: the
+    requests whose answer this item completes (their `answered_at` is set to when it is done); `rebuild()`:
+    the same bytes again, for big items a stream may keep as a recipe while they wait (see StreamWriter).
+    """
+
+    ready_at: float
+    data: bytes
+    retime: Callable[[float], bytes] | None = None
+    answers: Sequence[SimRequest] = ()
+    rebuild: Callable[[], bytes] | None = None
+
+
+async def serve_frames(engine: SimEngine, frames: list[Frame]) -> list[tuple[bytes, float]]:
+    """Book `frames` on the engine's output path (sim/output_path.py) and count them; returns, in order,
+    each one's bytes to write and the simulated time it is done (served and serialised)."""
+    output = engine.output
+    slots = await output.serialise([(f.ready_at, len(f.data)) for f in frames])
+    out = []
+    nbytes = 0
+    for frame, (start, done) in zip(frames, slots, strict=True):
+        data = frame.data
+        if frame.retime is not None and start > frame.ready_at:
+            data = frame.retime(start - frame.ready_at)
+        out.append((data, done))
+        nbytes += len(data)
+        for req in frame.answers:
+            req.answered_at = done
+    output.path.count(nbytes, len(out))
+    return out
+
+
+# a stream keeps at most this many bytes of chunks waiting for the output path; past it, chunks that can be
+# rebuilt (cumulative /generate chunks) wait as recipes and are serialised again when due, so a backed-up
+# output path costs host CPU rather than memory (a saturated 8K-token cumulative stream can have ~1 GB due)
+STREAM_QUEUE_BYTES = 1 << 20
+
+
+class StreamWriter:
+    """Writes a streamed answer's frames once the output path has served them.
+
+    `send` books frames at once (so a stream's chunks queue on the output path when the engine produced
+    them, not when an earlier chunk of the same stream has finally been written) and writes them when
+    they are done: directly when nothing of this stream is waiting and they are due, else through a writer
+    task that sleeps until each is due. A failed write is raised by the next `send` or by `close`.
+    """
+
+    __slots__ = ("_engine", "_error", "_held", "_queue", "_response", "_task")
+
+    def __init__(self, engine: SimEngine, response: web.StreamResponse) -> None:
+        self._engine = engine
+        self._response = response
+        self._queue: deque[tuple[float, bytes | Callable[[], bytes]]] = deque()
+        self._held = 0  # bytes held in the queue
+        self._task: asyncio.Task[None] | None = None
+        self._error: BaseException | None = None
+
+    async def send(self, frames: list[Frame], tail: bytes = b"") -> None:
+        """Queue `frames` (then `tail`, e.g. the `[DONE]` sentinel, which costs nothing) for writing."""
+        if self._error is not None:
+            raise self._error
+        served = await serve_frames(self._engine, frames) if frames else []
+        clock = self._engine.output.clock
+        last_done = served[-1][1] if served else clock.now()
+        if (
+            self._task is None
+            and not self._queue
+            and clock.real_seconds(last_done - clock.now()) < MIN_SLEEP_REAL_S
+        ):
+            await self._response.write(b"".join(data for data, _done in served) + tail)
+            return
+        for frame, (data, done) in zip(frames, served, strict=True):
+            if frame.rebuild is not None and self._held + len(data) > STREAM_QUEUE_BYTES:
+                self._queue.append((done, frame.rebuild))
+            else:
+                self._queue.append((done, data))
+                self._held += len(data)
+        if tail:
+            self._queue.append((last_done, tail))
+            self._held += len(tail)
+        if self._task is None and self._queue:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        output, queue = self._engine.output, self._queue
+        try:
+            while queue:
+                await output.wait(queue[0][0])
+                due = output.clock.now() + output.clock.scale * MIN_SLEEP_REAL_S
+                parts = []
+                while queue and queue[0][0] < due:
+                    item = queue.popleft()[1]
+                    if isinstance(item, bytes):
+                        self._held -= len(item)
+                        parts.append(item)
+                    else:
+                        parts.append(item())
+                await self._response.write(b"".join(parts))
+        except WRITE_ERRORS as exc:
+            self._error = exc
+            queue.clear()
+            self._held = 0
+        finally:
+            self._task = None
+
+    async def close(self) -> None:
+        """Wait until everything sent is written; raises the write error if one failed."""
+        task = self._task
+        if task is not None:
+            await task
+        if self._error is not None:
+            raise self._error
+
+    def cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+async def emit_body(
+    engine: SimEngine,
+    reqs: Sequence[SimRequest],
+    payload: Any,
+    *,
+    retime: Callable[[float], None] | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    """A non-streamed generation answer: one body through the output path, ready when the last of `reqs`
+    finished. `retime(delay)` updates `payload` in place when it was served `delay` late."""
+    ready = max((r.finished_at for r in reqs if r.finished_at is not None), default=engine.now())
+
+    def again(delay: float) -> bytes:
+        assert retime is not None
+        retime(delay)
+        return orjson.dumps(payload)
+
+    frame = Frame(ready, orjson.dumps(payload), None if retime is None else again, reqs)
+    ((body, done),) = await serve_frames(engine, [frame])
+    await engine.output.wait(done)
+    return web.Response(body=body, content_type="application/json", headers=headers)
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:

@@ -12,22 +12,26 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from rolloutgate.sim.http_common import (
     DONE,
     WRITE_ERRORS,
+    Frame,
     StreamCursor,
-    json_response,
+    StreamWriter,
+    emit_body,
     read_json,
     sse,
     sse_headers,
     wait_change,
 )
 from rolloutgate.sim.output import OpenAIFormatter
+from rolloutgate.sim.output_path import token_ready_at
 from rolloutgate.sim.params import BadRequest, GenParams, parse_chat, parse_completion
 from rolloutgate.sim.request import SimRequest
 
@@ -38,6 +42,16 @@ __all__ = ("OpenAIRoutes",)
 
 ErrorFactory = Callable[..., web.Response]
 Submitter = Callable[[web.Request, list[SimRequest]], None]
+
+
+def _later_by(meta: dict[str, Any]) -> Callable[[float], None]:
+    """`retime` for a chat body with `meta_info` (SGLang, return_meta_info): e2e_latency is stamped late."""
+    base = meta["e2e_latency"]
+
+    def retime(delay: float) -> None:
+        meta["e2e_latency"] = base + delay
+
+    return retime
 
 
 class OpenAIRoutes:
@@ -111,6 +125,8 @@ class OpenAIRoutes:
             wants_logprobs=params.logprobs,
         )
         req.listener = listener
+        if params.stream:
+            req.emit_log = deque()  # when each streamed token was produced (sim/output_path.py)
         try:
             self.submit(request, [req])
         except BadRequest as exc:
@@ -135,7 +151,10 @@ class OpenAIRoutes:
                 if finish is not None and finish.status_code is not None:
                     return self.error(finish.message or "aborted", finish.status_code)
                 fmt.weight_version = engine.weight_version  # as of the answer, like the engines
-                return json_response(fmt.whole(), headers=headers)
+                body = fmt.whole()
+                meta = body["choices"][0].get("meta_info") if self.flavour == "sglang" else None
+                retime = None if meta is None else _later_by(meta)
+                return await emit_body(engine, [req], body, retime=retime, headers=headers)
             return await self._stream(request, req, fmt, params, listener, headers)
         except asyncio.CancelledError:
             # vLLM's handlers are cancelled when the client goes away: abort the generation at once
@@ -163,27 +182,38 @@ class OpenAIRoutes:
         cursor = StreamCursor(params.stream_interval)
         sent_role = fmt.kind != "chat"
         sent = 0
+        engine = self.engine
+        writer = StreamWriter(engine, response)  # chunks leave when the output path has served them
         try:
             while True:
-                frames = []
+                frames: list[Frame] = []
                 for count, final in cursor.marks(req.completion_tokens, req.is_finished):
+                    ready_at = req.finished_at if final else token_ready_at(req, count)
+                    ready = engine.now() if ready_at is None else ready_at
                     if not sent_role:
-                        frames.append(sse(fmt.role_chunk()))
+                        frames.append(Frame(ready, sse(fmt.role_chunk())))
                         sent_role = True
-                    frames.append(sse(fmt.delta_chunk(sent, count, final=final)))
+                    frames.append(Frame(ready, sse(fmt.delta_chunk(sent, count, final=final))))
                     sent = count
                 if cursor.done:
                     if params.include_usage:
-                        frames.append(sse(fmt.usage_chunk()))
-                    frames.append(DONE)
-                    await response.write(b"".join(frames))
-                    if self.engine.model.ledger is not None:
-                        self.engine.model.ledger.written(req.rid)
+                        frames.append(
+                            Frame(frames[-1].ready_at if frames else engine.now(), sse(fmt.usage_chunk()))
+                        )
+                    if frames:
+                        frames[-1].answers = (req,)
+                    await writer.send(frames, DONE)
+                    await writer.close()
+                    if engine.model.ledger is not None:
+                        engine.model.ledger.written(req.rid)
                     return response
                 if frames:
-                    await response.write(b"".join(frames))
+                    await writer.send(frames)
                 await wait_change(listener)
         except WRITE_ERRORS:
             if self.flavour == "vllm" and not req.is_finished:
                 self.engine.abort(req.rid)
             return response
+        finally:
+            writer.cancel()
+            req.emit_log = None  # nothing reads it any more

@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections import deque
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
@@ -16,8 +18,11 @@ from rolloutgate.sim.http_common import (
     DONE,
     WRITE_ERRORS,
     DisconnectWatcher,
+    Frame,
     StreamCursor,
+    StreamWriter,
     add_admin_routes,
+    emit_body,
     json_response,
     read_json,
     sse,
@@ -26,6 +31,7 @@ from rolloutgate.sim.http_common import (
 )
 from rolloutgate.sim.http_openai import OpenAIRoutes
 from rolloutgate.sim.output import TokenView, generate_item
+from rolloutgate.sim.output_path import token_ready_at
 from rolloutgate.sim.params import BadRequest, GenParams, parse_generate
 from rolloutgate.sim.request import SimRequest
 
@@ -40,6 +46,43 @@ _FLUSHED = (
     "(When there are running or waiting requests, the operation will not be performed.)\n"
 )
 _PAUSE_MODES = ("abort", "retract", "in_place")
+
+
+def _later_by(item: dict[str, Any]) -> Callable[[float], None]:
+    """`retime` for a final /generate item: SGLang stamps e2e_latency when its tokenizer manager gets to the
+    finished output, so a late output path shows in it."""
+    meta = item["meta_info"]
+    base = meta["e2e_latency"]
+
+    def retime(delay: float) -> None:
+        meta["e2e_latency"] = base + delay
+
+    return retime
+
+
+def _sse_later_by(item: dict[str, Any]) -> Callable[[float], bytes]:
+    """`Frame.retime` for a final streamed /generate item (see `_later_by`)."""
+    retime = _later_by(item)
+
+    def again(delay: float) -> bytes:
+        retime(delay)
+        return sse(item)
+
+    return again
+
+
+def _rebuilder(
+    req: SimRequest, view: TokenView, params: GenParams, count: int, version: str, index: int, batch: bool
+) -> Callable[[], bytes]:
+    """`Frame.rebuild` for a non-final cumulative /generate chunk: the same bytes, built again."""
+
+    def rebuild() -> bytes:
+        item = generate_item(req, view, params, count, final=False, weight_version=version)
+        if batch:
+            item["index"] = index
+        return sse(item)
+
+    return rebuild
 
 
 def _error(message: str, status: int = 400) -> web.Response:
@@ -98,6 +141,9 @@ class SGLangRoutes:
             await self.engine.wait_open()
             listener = asyncio.Event()
             reqs = [self.new_request(p, p.rid, listener) for p in items]
+            if items[0].stream:
+                for req in reqs:
+                    req.emit_log = deque()  # when each streamed token was produced (sim/output_path.py)
             try:
                 self.submit_all(request, reqs)
             except BadRequest as exc:
@@ -114,7 +160,13 @@ class SGLangRoutes:
                 generate_item(r, TokenView(r), p, r.completion_tokens, final=True, weight_version=version)
                 for r, p in zip(reqs, items, strict=True)
             ]
-            return json_response(results if batch else results[0])
+            retimers = [_later_by(item) for item in results]
+
+            def retime(delay: float) -> None:
+                for one in retimers:
+                    one(delay)
+
+            return await emit_body(self.engine, reqs, results if batch else results[0], retime=retime)
 
     async def _stream_generate(
         self,
@@ -128,9 +180,11 @@ class SGLangRoutes:
         await response.prepare(request)  # SGLang /generate sends its headers at once
         views = [TokenView(r) for r in reqs]
         cursors = [StreamCursor(p.stream_interval) for p in items]
+        engine = self.engine
+        writer = StreamWriter(engine, response)  # chunks leave when the output path has served them
         try:
             while True:
-                frames = []
+                frames: list[Frame] = []
                 for index, (req, view, params, cursor) in enumerate(
                     zip(reqs, views, items, cursors, strict=True)
                 ):
@@ -139,26 +193,41 @@ class SGLangRoutes:
                         if not cursor.done:
                             cursor.done = True
                             error = {"message": finish.message, "code": finish.status_code, "retryable": True}
-                            frames.append(sse({"error": error | {"type": "invalid_request_error"}}))
+                            data = sse({"error": error | {"type": "invalid_request_error"}})
+                            frames.append(Frame(req.finished_at or engine.now(), data, answers=(req,)))
                         continue
                     for count, final in cursor.marks(req.completion_tokens, req.is_finished):
                         item = generate_item(
-                            req, view, params, count, final=final, weight_version=self.engine.weight_version
+                            req, view, params, count, final=final, weight_version=engine.weight_version
                         )
                         if batch:
                             item["index"] = index
-                        frames.append(sse(item))
-                if frames:
-                    await response.write(b"".join(frames))
-                if all(c.done for c in cursors):
-                    await response.write(DONE)
-                    if self.engine.model.ledger is not None:
+                        if final:
+                            ready = req.finished_at if req.finished_at is not None else engine.now()
+                            frames.append(Frame(ready, sse(item), _sse_later_by(item), (req,)))
+                        else:
+                            ready_at = token_ready_at(req, count)
+                            ready = engine.now() if ready_at is None else ready_at
+                            rebuild = _rebuilder(
+                                req, view, params, count, engine.weight_version, index, batch
+                            )
+                            frames.append(Frame(ready, sse(item), rebuild=rebuild))
+                finished = all(c.done for c in cursors)
+                if frames or finished:
+                    await writer.send(frames, DONE if finished else b"")
+                if finished:
+                    await writer.close()
+                    if engine.model.ledger is not None:
                         for req in reqs:
-                            self.engine.model.ledger.written(req.rid)
+                            engine.model.ledger.written(req.rid)
                     return response
                 await wait_change(listener)
         except WRITE_ERRORS:
             return response  # the client is gone; the watcher aborts what is still running
+        finally:
+            writer.cancel()
+            for req in reqs:
+                req.emit_log = None  # nothing reads it any more
 
     async def abort_request(self, request: web.Request) -> web.Response:
         try:

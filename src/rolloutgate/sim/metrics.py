@@ -18,6 +18,20 @@ def _gauge(name: str, labels: str, value: float, kind: str = "gauge") -> list[st
     return [f"# TYPE {name} {kind}", f"{name}{{{labels}}} {value}"]
 
 
+def _output_path(model: EngineModel, now: float, labels: str) -> list[str]:
+    """The simulator's own counters of the output path (sim/output_path.py), the same in both flavours."""
+    output = model.output
+    lines: list[str] = []
+    for name, value in (
+        ("output_bytes_total", output.bytes_total),
+        ("output_chunks_total", output.chunks_total),
+        ("output_busy_seconds_total", output.busy_s(now)),
+    ):
+        lines += _gauge(f"sim:{name}", labels, value, "counter")
+    lines += _gauge("sim:output_backlog_seconds", labels, output.backlog_s(now))
+    return lines
+
+
 def render_sglang(model: EngineModel, now: float) -> str:
     config = model.config
     labels = f'model_name="{config.served_model_name}",engine_type="unified",tp_rank="0",pp_rank="0"'
@@ -49,6 +63,7 @@ def render_sglang(model: EngineModel, now: float) -> str:
         lines += _gauge(f"sglang:{name}", labels, value, "counter")
     lines += model.stats.ttft.lines("sglang:time_to_first_token_seconds", labels)
     lines += model.stats.e2e.lines("sglang:e2e_request_latency_seconds", labels)
+    lines += _output_path(model, now, labels)
     return "\n".join(lines) + "\n"
 
 
@@ -78,4 +93,5 @@ def render_vllm(model: EngineModel, now: float) -> str:
     lines += model.stats.ttft.lines("vllm:time_to_first_token_seconds", labels)
     lines += model.stats.e2e.lines("vllm:e2e_request_latency_seconds", labels)
     lines += model.stats.queue_time.lines("vllm:request_queue_time_seconds", labels)
+    lines += _output_path(model, now, labels)
     return "\n".join(lines) + "\n"

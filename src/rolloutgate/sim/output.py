@@ -15,12 +15,13 @@ __all__ = ("OpenAIFormatter", "TokenView", "generate_item")
 class TokenView:
     """A request's output ids and words, materialised as far as they have been read."""
 
-    __slots__ = ("ids", "req", "words")
+    __slots__ = ("ids", "lps", "req", "words")
 
     def __init__(self, req: SimRequest) -> None:
         self.req = req
         self.ids: list[int] = []
         self.words: list[str] = []
+        self.lps: list[float] = []  # logprobs computed so far (cumulative chunks repeat them all)
 
     def upto(self, count: int) -> None:
         if count > len(self.ids):
@@ -33,7 +34,11 @@ class TokenView:
         return "".join(self.words[start:end])
 
     def logprob(self, position: int) -> float:
-        return tokens.logprob_of(self.req.key, position)
+        lps = self.lps
+        if position >= len(lps):
+            key = self.req.key
+            lps.extend(tokens.logprob_of(key, i) for i in range(len(lps), position + 1))
+        return lps[position]
 
     def alternatives(self, position: int, count: int) -> list[tuple[float, int]]:
         """The chosen token first, then `count - 1` made-up, less likely ones."""
@@ -64,10 +69,17 @@ def generate_item(
     if params.logprobs:
         text_of = tokens.word if params.logprobs_text else None
         meta["input_token_logprobs"] = []
-        meta["output_token_logprobs"] = [
-            [view.logprob(i), view.ids[i], None if text_of is None else text_of(view.ids[i])]
-            for i in range(count)
-        ]
+        if count:
+            view.logprob(count - 1)
+        ids, lps = view.ids, view.lps
+        if text_of is None:
+            meta["output_token_logprobs"] = [
+                [lp, tid, None] for lp, tid in zip(lps[:count], ids[:count], strict=True)
+            ]
+        else:
+            meta["output_token_logprobs"] = [
+                [lp, tid, text_of(tid)] for lp, tid in zip(lps[:count], ids[:count], strict=True)
+            ]
         meta["output_token_logprobs_length"] = count
         if params.top_logprobs:
             meta["input_top_logprobs"] = []

@@ -65,6 +65,15 @@ class SimEngineConfig:
     disconnect_lag_s: float = 2.0  # SGLang notices a client disconnect this long after it happens (vLLM: 0)
     enable_cache_report: bool = True  # usage.prompt_tokens_details.cached_tokens on the OpenAI routes
     record_token_times: bool = False  # keep each token's simulated time per request (tests only)
+    # output path (SGLang's tokenizer manager, vLLM's API server process): one serial queue per engine; every
+    # stream chunk or whole body the engine emits for a generation costs output_chunk_s + bytes / rate there
+    # (docs/simulator.md "Output path" for the figures). inf rate and 0 per chunk = free.
+    output_bytes_per_s: float = 200e6
+    output_chunk_s: float = 30e-6
+
+    @property
+    def output_cost_enabled(self) -> bool:
+        return self.output_chunk_s > 0 or not math.isinf(self.output_bytes_per_s)
 
     def __post_init__(self) -> None:
         for name in ("max_running_requests", "chunked_prefill_size", "kv_capacity_tokens", "context_len"):
@@ -78,12 +87,15 @@ class SimEngineConfig:
             "health_poll_s",
             "health_timeout_s",
             "disconnect_lag_s",
+            "output_chunk_s",
         ):
             value = getattr(self, name)
             if math.isnan(value) or value < 0 or math.isinf(value):
                 raise ValueError(f"{name} must be a finite duration >= 0, got {value!r}")
         if not self.prefill_tokens_per_s > 0 or not self.prefill_attention_knee_tokens > 0:
             raise ValueError("prefill rates must be > 0 (inf allowed)")
+        if not self.output_bytes_per_s > 0:
+            raise ValueError(f"output_bytes_per_s must be > 0 (inf: free), got {self.output_bytes_per_s!r}")
         if self.prefill_decode_interval < 0 or self.prefix_block_tokens < 1:
             raise ValueError("prefill_decode_interval must be >= 0 and prefix_block_tokens >= 1")
         if not 0.0 <= self.stop_fraction <= 1.0:
@@ -152,6 +164,8 @@ _FAST = SimEngineConfig(
     weight_update_s=0.0,
     health_poll_s=0.0,
     disconnect_lag_s=0.0,
+    output_bytes_per_s=math.inf,
+    output_chunk_s=0.0,
 )
 
 PROFILES: dict[str, SimEngineConfig] = {"incident": _INCIDENT, "default": _DEFAULT, "fast": _FAST}

@@ -8,6 +8,7 @@ Output tokens are lazy: the model only counts them (`completion_tokens`); their 
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,8 +53,10 @@ class SimRequest:
 
     __slots__ = (
         "abort_pending",
+        "answered_at",
         "cached_tokens",
         "completion_tokens",
+        "emit_log",
         "finish",
         "finished_at",
         "first_token_at",
@@ -112,6 +115,10 @@ class SimRequest:
         self.finish: FinishReason | None = None
         self.abort_pending: FinishReason | None = None
         self.token_times: list[float] | None = None
+        # streamed requests (set by the HTTP layer): one (tokens before, count, at, times or None) per token
+        # burst, consumed by the handler to know when each streamed token was produced (sim/output_path.py)
+        self.emit_log: deque[tuple[int, int, float, list[float] | None]] | None = None
+        self.answered_at: float | None = None  # its answer's last chunk or body left the output path
         self.listener: Any = None  # set by the driver's user (an asyncio.Event); the model never reads it
 
     @property
@@ -157,6 +164,7 @@ class SimRequest:
             "started_at": self.started_at,
             "first_token_at": self.first_token_at,
             "finished_at": self.finished_at,
+            "answered_at": self.answered_at,
             "finish_reason": None if self.finish is None else self.finish.sglang(),
         }
         if self.token_times is not None:
