@@ -43,7 +43,7 @@ run_once() {  # <label> <source tree>
 	local label=$1 tree=$2 port gateway ticks0 ticks1 out count
 	# Port 0: the kernel picks a free one (a random fixed port can collide with the ephemeral ports in use).
 	PYTHONPATH=$tree/src taskset -c 0 "$python" -m rolloutgate serve --host 127.0.0.1 --port 0 \
-		--engine "sglang+$engine" --log-level warning --progress-every-tokens 64 >"$work/gw.out" 2>&1 &
+		--engine "sglang+$engine" --log-level warning >"$work/gw.out" 2>&1 &
 	gateway=$!
 	for _ in $(seq 150); do grep -q "serving on" "$work/gw.out" && break; sleep 0.2; done
 	port=$(grep -oE "serving on http://[0-9.]+:[0-9]+" "$work/gw.out" | grep -oE "[0-9]+$")

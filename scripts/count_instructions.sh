@@ -69,7 +69,7 @@ engine=$(grep -oE "http://[^ ]+" "$work/sim.out" | head -1)
 count() {  # <requests> -> "<answered> <instructions>"
 	PYTHONPATH=$tree/src PYTHONHASHSEED=0 taskset -c 0 valgrind --tool=cachegrind --cache-sim=no \
 		--cachegrind-out-file="$work/cg.out" "$python" -m rolloutgate serve --host 127.0.0.1 --port 0 \
-		--engine "sglang+$engine" --log-level warning --progress-every-tokens 64 >"$work/gw.out" 2>&1 &
+		--engine "sglang+$engine" --log-level warning >"$work/gw.out" 2>&1 &
 	local gateway=$! port answered
 	for _ in $(seq 600); do grep -q "serving on" "$work/gw.out" && break; sleep 0.5; done
 	port=$(grep -oE "serving on http://[0-9.]+:[0-9]+" "$work/gw.out" | grep -oE "[0-9]+$")

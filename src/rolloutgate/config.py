@@ -94,7 +94,12 @@ class GatewaySettings(BaseSettings):
         le=100,
         description="after long prefills an engine takes no other for this times their duration (0 = never)",
     )
-    progress_every_tokens: int = Field(default=1, ge=1, description="stream interval asked of engines")
+    engine_poll_interval: float | None = Field(
+        default=None,
+        gt=0,
+        description="seconds between load readings of an engine with calls whose answer comes whole "
+        "(engine-level progress); default a twentieth of stall_timeout, at most 3",
+    )
 
     keepalive_interval: float = Field(default=15.0, ge=0, description="0 turns keep-alive off")
     keepalive_non_streaming: bool = True
@@ -187,7 +192,10 @@ def load_settings(flags: dict[str, Any], config_file: str | None = None) -> Gate
     """Settings from flags (only those given, i.e. not None), the environment and an optional file."""
     settings_cls: type[GatewaySettings] = GatewaySettings
     if config_file:
-        key = "toml_file" if Path(config_file).suffix == ".toml" else "json_file"
-        config = SettingsConfigDict(**{**GatewaySettings.model_config, key: config_file})  # type: ignore[typeddict-item]
+        config = GatewaySettings.model_config.copy()
+        if Path(config_file).suffix == ".toml":
+            config["toml_file"] = config_file
+        else:
+            config["json_file"] = config_file
         settings_cls = type("GatewaySettingsFromFile", (GatewaySettings,), {"model_config": config})
     return settings_cls(**{k: v for k, v in flags.items() if v is not None})

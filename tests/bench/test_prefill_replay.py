@@ -203,7 +203,6 @@ TINY = ReplayConfig(
     duration_s=120.0,
     client_timeout_s=60.0,
     stall_timeout_s=25.0,
-    progress_every_tokens=16,
     history_tokens=(10_000, 14_000),
     opening_tokens=(200, 400),
     medium_tokens=(500, 900),

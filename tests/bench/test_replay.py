@@ -36,7 +36,6 @@ SHORT = ReplayConfig(
     client_timeout_s=30.0,
     gateway_timeout_s=600.0,
     stall_timeout_s=25.0,
-    progress_every_tokens=16,
     history_tokens=(10_000, 14_000),
     opening_tokens=(300, 500),
     medium_tokens=(700, 1_300),
@@ -154,3 +153,29 @@ def test_a_request_moved_off_the_frozen_engine_and_still_running_at_the_end_is_n
         "still_running_elsewhere_at_end": 1,
         "failed": 0,
     }
+
+
+def test_an_answer_on_its_way_when_the_run_ends_is_in_progress_not_wasted() -> None:
+    """A generation the engine finished 2 s before the end, whose answer its client was still reading when the
+    run stopped (the make demo run of 2026-12-01 19:31 counted its 528 engine-seconds as wasted)."""
+    from rolloutgate.bench.replay_measure import view_generations
+
+    def generation(rid: str, finished_at: float) -> dict[str, object]:
+        return {"engine": 0, "rid": rid, "started_at": 10.0, "finished_at": finished_at, "finish": "length"}
+
+    records = {
+        "ended_at": 100.0,
+        "ends": [
+            {"request_id": "late", "at": 100.1, "ok": True},
+            {"request_id": "gone", "at": 50.0, "ok": True},
+        ],
+        "attempts": [
+            {"request_id": "late", "ended_at": 100.2, "status": 200, "client_gone": False},
+            {"request_id": "gone", "ended_at": 40.0, "status": 200, "client_gone": True},
+        ],
+        "events": [],
+        "holds": [],
+        "generations": [generation("late-01", 98.0), generation("gone-01", 50.0)],
+    }
+    views, _ = view_generations(records)
+    assert {v.request_id: v.outcome for v in views} == {"late": "in_progress", "gone": "wasted"}

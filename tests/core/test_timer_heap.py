@@ -76,3 +76,15 @@ def test_matches_a_dict_reference_model(ops: list[tuple[int, float, bool]]) -> N
     while (key := t.pop_due(math.inf)) is not None:
         popped.append(key)
     assert sorted(popped) == sorted(model) and [model[k] for k in popped] == sorted(model.values())
+
+
+def test_deadlines_that_tie_are_due_in_key_order_whatever_order_they_were_set_in() -> None:
+    """The driver's deferred deadlines set an engine's timers in another order than eager ones would: the
+    order of verdicts at one instant must not depend on it (tests/core/test_gateway_properties.py)."""
+    for order in (["b", "a", "c"], ["c", "b", "a"], ["a", "c", "b"]):
+        heap: TimerHeap[str] = TimerHeap()
+        for key in order:
+            heap.set(key, 5.0)
+        heap.set("a", 9.0)
+        heap.set("a", 5.0)  # re-set to the tie: still in key order
+        assert [heap.pop_due(5.0) for _ in range(3)] == ["a", "b", "c"]

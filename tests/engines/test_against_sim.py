@@ -7,7 +7,6 @@ adapters read, field for field (only `id` and `created` differ between two reque
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,6 +25,8 @@ from rolloutgate.engines.base import (
 )
 from rolloutgate.engines.detect import detect_family, make_client
 from rolloutgate.sim import SimCluster
+from tests.engines.started import collect as collect_events
+from tests.engines.started import stream
 
 MODEL = "sim-model"
 # meta_info fields that depend on when a request ran, not on what it generated
@@ -57,8 +58,13 @@ def bodies(route: Route, max_tokens: int) -> dict[str, Any]:
     return {"text": "once upon a time", "sampling_params": {"max_new_tokens": max_tokens}}
 
 
+def streamed(route: Route, max_tokens: int) -> dict[str, Any]:
+    """The body of a client that streams: the engine streams it to the gateway too."""
+    return {**bodies(route, max_tokens), "stream": True}
+
+
 async def collect(client: EngineClient, call: UpstreamCall) -> list[UpstreamEvent]:
-    return [event async for event in client.generate(call)]
+    return await collect_events(client, call)
 
 
 async def direct(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> Any:
@@ -111,7 +117,7 @@ async def test_assembled_answer_equals_the_engines_own(
         return
     await client.probe()  # SGLang: learn the weight version its answers carry
     body = bodies(route, 24)
-    call = UpstreamCall(request_id=f"stream-{route.name}", route=route, body=body, progress_every_tokens=4)
+    call = UpstreamCall(request_id=f"stream-{route.name}", route=route, body=body)
     events = await collect(client, call)
     expected = await direct(session, cluster.urls[0] + route.value, body)
     assert comparable(orjson.loads(assemble(route, events)), api=cluster.api) == comparable(
@@ -125,8 +131,10 @@ async def test_assembled_answer_equals_the_engines_own(
     assert sum(e.tokens for e in events) == usage == 24
     assert [e.finish_reason for e in events if e.finish_reason] == ["length"]
     if route is Route.GENERATE:
-        # SGLang sends the first token at once, then a chunk every stream_interval tokens
-        assert [e.tokens for e in events] == [1, 3, 4, 4, 4, 4, 4]
+        # a non-streaming client's /generate: the first token at once, then the end (FIRST_AND_LAST)
+        assert [e.tokens for e in events] == [1, 23]
+    else:  # OpenAI routes come back whole: the engine's output work is the direct call's
+        assert [e.is_whole_body for e in events] == [True]
 
 
 async def test_streaming_client_sees_only_what_it_asked_for(
@@ -141,11 +149,11 @@ async def test_streaming_client_sees_only_what_it_asked_for(
 
 async def test_abort_stops_the_generation(cluster: SimCluster, client: EngineClient) -> None:
     route = Route.CHAT
-    call = UpstreamCall(request_id="to-abort", route=route, body=bodies(route, 5000), progress_every_tokens=1)
+    call = UpstreamCall(request_id="to-abort", route=route, body=streamed(route, 5000))
     events: list[UpstreamEvent] = []
-    stream = client.generate(call)
-    async with contextlib.aclosing(stream):  # type: ignore[type-var]
-        async for event in stream:
+    events_of = stream(client, call)
+    async with events_of:
+        async for event in events_of:
             events.append(event)
             if len(events) == 3:
                 await client.abort("to-abort")
@@ -159,9 +167,9 @@ async def test_abort_stops_the_generation(cluster: SimCluster, client: EngineCli
 async def test_pause_in_place_and_resume(cluster: SimCluster, client: EngineClient) -> None:
     engine = cluster.engines[0]
     route = Route.COMPLETIONS
-    call = UpstreamCall(request_id="paused", route=route, body=bodies(route, 400), progress_every_tokens=1)
-    stream = client.generate(call)
-    events = [await anext(stream)]
+    call = UpstreamCall(request_id="paused", route=route, body=streamed(route, 400))
+    events_of = stream(client, call)
+    events = [await anext(events_of)]
     await client.pause("in_place")
     assert engine.paused
     before = engine.generated_tokens_total
@@ -169,20 +177,18 @@ async def test_pause_in_place_and_resume(cluster: SimCluster, client: EngineClie
     assert engine.generated_tokens_total == before
     await client.resume()
     assert not engine.paused
-    events += [event async for event in stream]
+    events += [event async for event in events_of]
     assert sum(e.tokens for e in events) == 400
     assert events[-2].finish_reason == "length"
 
 
 async def test_pause_abort_ends_in_flight_requests(cluster: SimCluster, client: EngineClient) -> None:
     route = Route.CHAT
-    call = UpstreamCall(
-        request_id="pause-abort", route=route, body=bodies(route, 5000), progress_every_tokens=1
-    )
-    stream = client.generate(call)
-    first = await anext(stream)
+    call = UpstreamCall(request_id="pause-abort", route=route, body=streamed(route, 5000))
+    events_of = stream(client, call)
+    first = await anext(events_of)
     pausing = asyncio.create_task(client.pause("abort"))
-    events = [first, *[event async for event in stream]]
+    events = [first, *[event async for event in events_of]]
     await pausing
     assert [e.finish_reason for e in events if e.finish_reason] == ["abort"]
     await client.resume()
@@ -191,10 +197,10 @@ async def test_pause_abort_ends_in_flight_requests(cluster: SimCluster, client: 
 
 async def test_load_sees_a_running_request(cluster: SimCluster, client: EngineClient) -> None:
     route = Route.CHAT
-    call = UpstreamCall(request_id="loaded", route=route, body=bodies(route, 2000), progress_every_tokens=1)
-    stream = client.generate(call)
-    async with contextlib.aclosing(stream):  # type: ignore[type-var]
-        await anext(stream)
+    call = UpstreamCall(request_id="loaded", route=route, body=streamed(route, 2000))
+    events_of = stream(client, call)
+    async with events_of:
+        await anext(events_of)
         load = await client.load()
         assert load.running == 1
     await client.abort("loaded")

@@ -1,36 +1,24 @@
-"""One generation call, pulled and pushed (engines/generation.py): the same events either way, the same errors,
-and a push that stops closes the connection.
-
-A scripted loopback server answers with exact bytes; the call goes through the lean pool (push) or aiohttp
-(push emulated with batches), and the pulled iterator is the reference.
-"""
+"""The one way a generation runs (engines/push_call.py `start_generation`): the same events and errors whether
+the call runs without a task (an idle keep-alive connection) or in one, and a call that stops closes its
+connection. A scripted loopback server answers with exact bytes."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import AsyncIterator
 
-import aiohttp
 import orjson
 import pytest
 
 from rolloutgate.engines.base import (
     AssemblyHint,
     EngineFamily,
-    Route,
-    UpstreamCall,
     UpstreamError,
     UpstreamEvent,
 )
-from rolloutgate.engines.generation import (
-    GenerateDecoder,
-    OpenAIDecoder,
-    deliver,
-    pull_generation,
-    pull_into,
-    push_generation,
-)
-from rolloutgate.engines.http import ControlTimeouts
+from rolloutgate.engines.generation import GenerateDecoder, OpenAIDecoder, push_generation, refuse
+from rolloutgate.engines.push_call import start_generation
 from rolloutgate.engines.upstream import UpstreamPool
 
 from .scripted import ScriptedServer
@@ -76,105 +64,88 @@ def _summary(events: list[UpstreamEvent]) -> list[tuple[int, str | None]]:
     return [(event.tokens, event.finish_reason) for event in events]
 
 
-async def _pull(url: str, session: aiohttp.ClientSession, pool: UpstreamPool | None) -> list[UpstreamEvent]:
-    events = pull_generation(
-        session,
+async def _run(pool: UpstreamPool, sink: Sink, body: bytes = b"{}") -> None:
+    """One call through `start_generation`: on an idle connection without a task, else in one."""
+    ended: asyncio.Future[UpstreamError | None] = asyncio.get_running_loop().create_future()
+    start_generation(
         pool,
-        url + "/generate",
-        b"{}",
+        "/generate",
+        lambda: body,
         headers={},
-        timeouts=ControlTimeouts(),
-        decoder=GenerateDecoder(HINT),
-    )
-    return [event async for event in events]
-
-
-async def _push(url: str, session: aiohttp.ClientSession, pool: UpstreamPool | None, sink: Sink) -> None:
-    await push_generation(
-        session,
-        pool,
-        url + "/generate",
-        b"{}",
-        headers={},
-        timeouts=ControlTimeouts(),
+        connect_s=10.0,
         decoder=GenerateDecoder(HINT),
         on_events=sink,
+        on_end=ended.set_result,
     )
+    error = await ended
+    if error is not None:
+        raise error
 
 
-@pytest.mark.parametrize("lean", [True, False], ids=["lean", "aiohttp"])
-async def test_push_and_pull_see_the_same_events(
-    server: ScriptedServer, session: aiohttp.ClientSession, lean: bool
+@pytest.fixture(params=["task", "no task"])
+async def pool(request: pytest.FixtureRequest, server: ScriptedServer) -> AsyncIterator[UpstreamPool]:
+    """The engine's pool, with no idle connection (the call runs in a task) or one (no task)."""
+    pool = UpstreamPool(server.url)
+    if request.param == "no task":
+        server.script = lambda _request: _stream(_generate_chunk(1))
+        await _run(pool, Sink())
+        assert pool.idle_count == 1
+    yield pool
+    pool.close()
+
+
+async def test_both_ways_see_every_event_and_reuse_the_connection(
+    server: ScriptedServer, pool: UpstreamPool
 ) -> None:
     server.script = lambda _request: _stream(
         _generate_chunk(3), _generate_chunk(7), _generate_chunk(9, finished=True)
     )
-    pool = UpstreamPool(server.url) if lean else None
-    pulled = await _pull(server.url, session, pool)
     sink = Sink()
-    await _push(server.url, session, pool, sink)
-    assert _summary(sink.events) == _summary(pulled) == [(3, None), (4, None), (2, "length")]
-    assert [e.data for e in sink.events] == [e.data for e in pulled]
-    if pool is not None:
-        assert server.connections == 1 and pool.idle_count == 1  # both answers read to the end: reused
-        pool.close()
+    await _run(pool, sink)
+    assert _summary(sink.events) == [(3, None), (4, None), (2, "length")]
+    assert server.connections == 1 and pool.idle_count == 1  # the answer was read to its end: reused
 
 
-@pytest.mark.parametrize("lean", [True, False], ids=["lean", "aiohttp"])
-async def test_a_push_that_stops_closes_the_connection(
-    server: ScriptedServer, session: aiohttp.ClientSession, lean: bool
-) -> None:
+async def test_a_call_that_stops_closes_the_connection(server: ScriptedServer, pool: UpstreamPool) -> None:
     server.script = lambda _request: _stream(*(_generate_chunk(n) for n in range(1, 6)))
     server.gap_s = 0.01
-    pool = UpstreamPool(server.url) if lean else None
     sink = Sink(stop_after=2)
-    await _push(server.url, session, pool, sink)
+    connections = server.connections
+    await _run(pool, sink)
     assert len(sink.events) == 2
-    await _push(server.url, session, pool, Sink())
-    assert server.connections == 2  # the stopped call's connection was closed, not reused
-    if pool is not None:
-        pool.close()
+    await _run(pool, Sink())
+    assert server.connections == max(connections, 1) + 1  # the stopped call's connection was not reused
 
 
-@pytest.mark.parametrize("lean", [True, False], ids=["lean", "aiohttp"])
-async def test_a_stream_cut_before_done_and_an_error_event_raise(
-    server: ScriptedServer, session: aiohttp.ClientSession, lean: bool
+async def test_a_stream_cut_before_done_and_an_error_event_fail_the_call(
+    server: ScriptedServer, pool: UpstreamPool
 ) -> None:
-    pool = UpstreamPool(server.url) if lean else None
     server.script = lambda _request: _stream(_generate_chunk(2), done=False)
     with pytest.raises(UpstreamError, match="before \\[DONE\\]") as cut:
-        await _push(server.url, session, pool, Sink())
+        await _run(pool, Sink())
     assert cut.value.retryable
     error = b'data: {"error": {"message": "out of memory", "code": 503}}\n\n'
     server.script = lambda _request: _stream(_generate_chunk(2), error)
     sink = Sink()
     with pytest.raises(UpstreamError, match="out of memory") as failed:
-        await _push(server.url, session, pool, sink)
+        await _run(pool, sink)
     assert failed.value.status == 503 and failed.value.retryable
     assert len(sink.events) == 1
-    if pool is not None:
-        pool.close()
 
 
-async def test_a_whole_body_answer_is_one_event(
-    server: ScriptedServer, session: aiohttp.ClientSession
-) -> None:
+async def test_a_whole_body_answer_is_one_event(server: ScriptedServer, pool: UpstreamPool) -> None:
     body = orjson.dumps(
         {"text": "abc", "meta_info": {"completion_tokens": 3, "finish_reason": {"type": "stop"}}}
     )
     head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
     server.script = lambda _request: [head + body]
-    pool = UpstreamPool(server.url)
     sink = Sink()
-    await _push(server.url, session, pool, sink)
+    await _run(pool, sink)
     summary = [(e.is_whole_body, e.tokens, e.finish_reason, e.data) for e in sink.events]
     assert summary == [(True, 3, "stop", body)]
-    pool.close()
 
 
-async def test_the_request_body_is_not_held_while_the_answer_streams(
-    server: ScriptedServer, session: aiohttp.ClientSession
-) -> None:
+async def test_the_request_body_is_not_held_while_the_answer_streams(server: ScriptedServer) -> None:
     """A 100K-token prompt is ~600 KB: a call must not keep its request bytes while the answer streams."""
     server.script = lambda _request: _stream(_generate_chunk(1))
     pool = UpstreamPool(server.url)
@@ -187,17 +158,27 @@ async def test_the_request_body_is_not_held_while_the_answer_streams(
         return True
 
     await push_generation(
-        session,
         pool,
-        server.url + "/generate",
+        "/generate",
         body,
         headers={},
-        timeouts=ControlTimeouts(),
+        connect_s=10.0,
         decoder=GenerateDecoder(HINT),
         on_events=on_events,
     )
     assert references == [alone]
     pool.close()
+
+
+async def test_a_refused_call_reports_its_error_soon_and_a_cancelled_one_nothing() -> None:
+    error = UpstreamError("no /generate here", retryable=False, status=400)
+    reported: list[UpstreamError | None] = []
+    refuse(error, reported.append)
+    cancelled = refuse(error, reported.append)
+    cancelled.cancel()
+    assert reported == []  # never from inside the call that started it
+    await asyncio.sleep(0)
+    assert reported == [error] and cancelled.done()
 
 
 def test_openai_decoder_marks_the_usage_frame_the_client_did_not_ask_for() -> None:
@@ -208,33 +189,3 @@ def test_openai_decoder_marks_the_usage_frame_the_client_did_not_ask_for() -> No
     assert (usage.tokens, usage.is_gateway_only) == (2, True)
     wanted = OpenAIDecoder(HINT, wants_usage=True).decode(b'{"choices":[],"usage":{"completion_tokens":1}}')
     assert (wanted.tokens, wanted.is_gateway_only) == (1, False)
-
-
-class _PullOnly:
-    """An engine client without `stream_into`: deliver() falls back to its iterator."""
-
-    def __init__(self, events: list[UpstreamEvent]) -> None:
-        self._events = events
-        self.closed = False
-
-    def generate(self, call: UpstreamCall) -> AsyncIterator[UpstreamEvent]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[UpstreamEvent]:
-        try:
-            for event in self._events:
-                yield event
-        finally:
-            self.closed = True
-
-
-async def test_deliver_pulls_from_a_client_that_cannot_push_and_closes_it_on_stop() -> None:
-    events = [UpstreamEvent(data=b"{}", tokens=n) for n in (1, 2, 3)]
-    client = _PullOnly(events)
-    call = UpstreamCall(request_id="r", route=Route.GENERATE, body={})
-    sink = Sink(stop_after=2)
-    await deliver(client, call, sink)
-    assert [e.tokens for e in sink.events] == [1, 2] and client.closed
-    whole = Sink()
-    await pull_into(_PullOnly(events).generate(call), whole)
-    assert [e.tokens for e in whole.events] == [1, 2, 3]

@@ -11,18 +11,19 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rolloutgate.engines.base import UpstreamError
+from rolloutgate.engines.base import AssemblyHint, EngineFamily, UpstreamError, UpstreamEvent
 from rolloutgate.engines.http import (
     ControlTimeouts,
     SseParser,
     check_json_object,
     is_error_frame,
-    iter_sse_data,
     map_exceptions,
     parse_prometheus,
     raise_for_error_frame,
     status_error,
 )
+from rolloutgate.engines.push_call import start_generation
+from rolloutgate.engines.upstream import UpstreamPool
 
 from .fakes import FakeEngine, sse_reply
 
@@ -118,36 +119,60 @@ def test_any_split_of_a_valid_stream_parses_to_the_same_events(
     assert tail is None
 
 
-# -- iter_sse_data over loopback ---------------------------------------------------------------------------
+# -- SSE over loopback, through the one generation path ----------------------------------------------------
 
 
-async def read_events(session: aiohttp.ClientSession, url: str) -> list[bytes]:
-    async with session.get(url) as resp:
-        return [data async for data in iter_sse_data(resp)]
+class _Raw:
+    """A decoder that keeps each event's data as it came."""
+
+    hint = AssemblyHint(family=EngineFamily.OPENAI)
+
+    def decode(self, data: bytes) -> UpstreamEvent:
+        return UpstreamEvent(data=data)
+
+
+async def read_events(pool: UpstreamPool) -> list[bytes]:
+    events: list[bytes] = []
+    ended: asyncio.Future[UpstreamError | None] = asyncio.get_running_loop().create_future()
+
+    def on_events(batch: list[UpstreamEvent]) -> bool:
+        events.extend(event.data for event in batch)
+        return True
+
+    start_generation(
+        pool,
+        "/s",
+        bytes,
+        headers={},
+        connect_s=10.0,
+        decoder=_Raw(),
+        on_events=on_events,
+        on_end=ended.set_result,
+    )
+    error = await ended
+    if error is not None:
+        raise error
+    return events
 
 
 @pytest.mark.parametrize("pieces", [1, 3, 17, 200])
 @pytest.mark.parametrize("crlf", [False, True])
-async def test_iter_sse_reads_events_split_across_tcp_writes(
-    fake: FakeEngine, session: aiohttp.ClientSession, pieces: int, crlf: bool
-) -> None:
+async def test_sse_reads_events_split_across_tcp_writes(fake: FakeEngine, pieces: int, crlf: bool) -> None:
     events = [orjson.dumps({"n": i, "text": "x" * i}) for i in range(12)]
     fake.on_sse(
-        "GET", "/s", events, pieces=pieces, crlf=crlf, comments=True, gap_s=0.001 if pieces < 20 else 0
+        "POST", "/s", events, pieces=pieces, crlf=crlf, comments=True, gap_s=0.001 if pieces < 20 else 0
     )
-    assert await read_events(session, fake.url + "/s") == events
+    assert await read_events(UpstreamPool(fake.url)) == events
 
 
-async def test_iter_sse_requires_done(fake: FakeEngine, session: aiohttp.ClientSession) -> None:
-    fake.on_sse("GET", "/s", [b"{}"], done=False)
+async def test_sse_requires_done(fake: FakeEngine) -> None:
+    fake.on_sse("POST", "/s", [b"{}"], done=False)
     with pytest.raises(UpstreamError, match="before \\[DONE\\]") as caught:
-        await read_events(session, fake.url + "/s")
+        await read_events(UpstreamPool(fake.url))
     assert caught.value.retryable
 
 
-async def test_iter_sse_rejects_a_stream_cut_inside_an_event(
-    fake: FakeEngine, session: aiohttp.ClientSession
-) -> None:
+async def test_sse_rejects_a_stream_cut_inside_an_event(fake: FakeEngine) -> None:
     async def cut(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
@@ -155,28 +180,26 @@ async def test_iter_sse_rejects_a_stream_cut_inside_an_event(
         await response.write_eof()
         return response
 
-    fake.on("GET", "/s", cut)
+    fake.on("POST", "/s", cut)
     with pytest.raises(UpstreamError, match="inside an event"):
-        await read_events(session, fake.url + "/s")
+        await read_events(UpstreamPool(fake.url))
 
 
-async def test_iter_sse_accepts_done_without_final_blank_line(
-    fake: FakeEngine, session: aiohttp.ClientSession
-) -> None:
+async def test_sse_accepts_done_without_final_blank_line(fake: FakeEngine) -> None:
     async def terse(request: web.Request) -> web.StreamResponse:
         return web.Response(body=b"data: {}\n\ndata: [DONE]\n", content_type="text/event-stream")
 
-    fake.on("GET", "/s", terse)
-    assert await read_events(session, fake.url + "/s") == [b"{}"]
+    fake.on("POST", "/s", terse)
+    assert await read_events(UpstreamPool(fake.url)) == [b"{}"]
 
 
-async def test_iter_sse_reuses_the_connection_after_done(fake: FakeEngine) -> None:
-    fake.on_sse("GET", "/s", [b"{}"])
-    connector = aiohttp.TCPConnector(limit=1)
-    async with aiohttp.ClientSession(connector=connector) as one_connection:
-        for _ in range(3):
-            assert await read_events(one_connection, fake.url + "/s") == [b"{}"]
-        assert len(connector._conns) == 1  # the one keep-alive connection went back to the pool
+async def test_sse_reuses_the_connection_after_done(fake: FakeEngine) -> None:
+    fake.on_sse("POST", "/s", [b"{}"])
+    pool = UpstreamPool(fake.url)
+    for _ in range(3):
+        assert await read_events(pool) == [b"{}"]
+        assert pool.idle_count == 1  # the one keep-alive connection went back to the pool
+    pool.close()
 
 
 # -- errors ------------------------------------------------------------------------------------------------
@@ -314,15 +337,15 @@ broken_line{a="b"} notanumber
 def test_control_timeouts_validate() -> None:
     with pytest.raises(ValueError, match="abort_s"):
         ControlTimeouts(abort_s=0)
-    limits = ControlTimeouts(connect_s=2).generation()
-    assert limits.total is None and limits.sock_connect == 2 and limits.sock_read is None
+    limits = ControlTimeouts(connect_s=2).control(5.0)
+    assert limits.total == 5.0 and limits.sock_connect == 2 and limits.sock_read is None
 
 
-async def test_sse_reply_helper_resets(fake: FakeEngine, session: aiohttp.ClientSession) -> None:
+async def test_sse_reply_helper_resets(fake: FakeEngine) -> None:
     async def handler(request: web.Request) -> web.StreamResponse:
         return await sse_reply(request, [b"{}", b"{}", b"{}"], reset_after=1)
 
-    fake.on("GET", "/s", handler)
-    with pytest.raises(UpstreamError, match="connection lost") as caught, map_exceptions("GET"):
-        await read_events(session, fake.url + "/s")
+    fake.on("POST", "/s", handler)
+    with pytest.raises(UpstreamError, match="connection lost") as caught:
+        await read_events(UpstreamPool(fake.url))
     assert caught.value.retryable

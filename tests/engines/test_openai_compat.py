@@ -8,6 +8,7 @@ import pytest
 
 from rolloutgate.engines.base import EngineFamily, Route, UpstreamCall, UpstreamError
 from rolloutgate.engines.openai_compat import OpenAICompatClient
+from tests.engines.started import stream
 
 from .fakes import FakeEngine, models_answer
 
@@ -24,8 +25,8 @@ async def test_generate_streams_and_assembles(fake: FakeEngine, client: OpenAICo
         b'{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}',
     ]
     fake.on_sse("POST", "/v1/chat/completions", chunks, crlf=True)
-    upstream = UpstreamCall(request_id="gw-3", route=Route.CHAT, body={"messages": []})
-    events = [e async for e in client.generate(upstream)]
+    upstream = UpstreamCall(request_id="gw-3", route=Route.CHAT, body={"messages": [], "stream": True})
+    events = [e async for e in stream(client, upstream)]
     assert [e.tokens for e in events] == [0, 1, 0]
     assert events[-1].is_gateway_only
     sent = fake.last("/v1/chat/completions")
@@ -43,14 +44,14 @@ async def test_a_server_that_ignores_stream_answers_whole(
         "usage": {"completion_tokens": 4},
     }
     fake.on_json("POST", "/v1/chat/completions", whole)
-    (event,) = [e async for e in client.generate(UpstreamCall(request_id="gw-3", route=Route.CHAT, body={}))]
+    (event,) = [e async for e in stream(client, UpstreamCall(request_id="gw-3", route=Route.CHAT, body={}))]
     assert event.is_whole_body and event.tokens == 4 and event.finish_reason == "length"
 
 
 async def test_a_200_error_body_or_garbage_raises(fake: FakeEngine, client: OpenAICompatClient) -> None:
     fake.on_json("POST", "/v1/completions", {"error": {"message": "model not loaded", "code": 500}})
     with pytest.raises(UpstreamError, match="model not loaded") as caught:
-        [e async for e in client.generate(UpstreamCall(request_id="gw-3", route=Route.COMPLETIONS, body={}))]
+        [e async for e in stream(client, UpstreamCall(request_id="gw-3", route=Route.COMPLETIONS, body={}))]
     assert caught.value.retryable
 
     async def garbage(_: object) -> object:
@@ -60,13 +61,13 @@ async def test_a_200_error_body_or_garbage_raises(fake: FakeEngine, client: Open
 
     fake.on("POST", "/v1/completions", garbage)  # type: ignore[arg-type]
     with pytest.raises(UpstreamError, match="not JSON") as caught:
-        [e async for e in client.generate(UpstreamCall(request_id="gw-3", route=Route.COMPLETIONS, body={}))]
+        [e async for e in stream(client, UpstreamCall(request_id="gw-3", route=Route.COMPLETIONS, body={}))]
     assert caught.value.retryable
 
 
 async def test_generate_route_and_pause_are_refused(client: OpenAICompatClient) -> None:
     with pytest.raises(UpstreamError) as caught:
-        [e async for e in client.generate(UpstreamCall(request_id="x", route=Route.GENERATE, body={}))]
+        [e async for e in stream(client, UpstreamCall(request_id="x", route=Route.GENERATE, body={}))]
     assert (
         caught.value.status == 400
         and orjson.loads(caught.value.body or b"")["error"]["type"] == "invalid_request_error"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 import aiohttp
@@ -13,7 +12,9 @@ from aiohttp import web
 
 from rolloutgate.engines.base import EngineFamily, Route, UpstreamCall, UpstreamError, UpstreamEvent
 from rolloutgate.engines.http import ControlTimeouts
-from rolloutgate.engines.sglang import SglangClient, sglang_capacity
+from rolloutgate.engines.sglang import FIRST_AND_LAST, SglangClient, sglang_capacity
+from tests.engines.started import collect as collect_events
+from tests.engines.started import stream
 
 from .fakes import (
     FakeEngine,
@@ -32,16 +33,12 @@ def client(fake: FakeEngine, session: aiohttp.ClientSession) -> SglangClient:
     return SglangClient(fake.url + "/", session, timeouts=ControlTimeouts(health_s=2, pause_s=5))
 
 
-def call(
-    route: Route, body: dict[str, Any], *, every: int = 1, headers: dict[str, str] | None = None
-) -> UpstreamCall:
-    return UpstreamCall(
-        request_id="gw-1", route=route, body=body, headers=headers or {}, progress_every_tokens=every
-    )
+def call(route: Route, body: dict[str, Any], *, headers: dict[str, str] | None = None) -> UpstreamCall:
+    return UpstreamCall(request_id="gw-1", route=route, body=body, headers=headers or {})
 
 
 async def collect(client: SglangClient, upstream_call: UpstreamCall) -> list[UpstreamEvent]:
-    return [event async for event in client.generate(upstream_call)]
+    return await collect_events(client, upstream_call)
 
 
 # -- /generate ---------------------------------------------------------------------------------------------
@@ -53,7 +50,7 @@ async def test_generate_streams_with_rid_and_counts_cumulative_tokens(
     chunks = sglang_generate_chunks("gw-1", list("abcdefghij"), per_chunk=4)
     fake.on_sse("POST", "/generate", chunks)
     body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 10, "temperature": 0}}
-    events = await collect(client, call(Route.GENERATE, body, every=4, headers={"X-SMG-Routing-Key": "s1"}))
+    events = await collect(client, call(Route.GENERATE, body, headers={"X-SMG-Routing-Key": "s1"}))
     assert [e.tokens for e in events] == [4, 4, 2]
     assert [e.data for e in events] == chunks
     assert [e.finish_reason for e in events] == [None, None, "length"]
@@ -61,7 +58,7 @@ async def test_generate_streams_with_rid_and_counts_cumulative_tokens(
     sent = fake.last("/generate")
     assert sent.body == {
         "input_ids": [1, 2, 3],
-        "sampling_params": {"max_new_tokens": 10, "temperature": 0, "stream_interval": 4},
+        "sampling_params": {"max_new_tokens": 10, "temperature": 0, "stream_interval": FIRST_AND_LAST},
         "rid": "gw-1",
         "stream": True,
     }
@@ -72,30 +69,33 @@ async def test_generate_streams_with_rid_and_counts_cumulative_tokens(
     }  # not mutated
 
 
+LAST = FIRST_AND_LAST
+
+
 @pytest.mark.parametrize(
-    ("body", "every", "expected_params"),
+    ("body", "expected_params"),
     [
-        ({"text": "x"}, 8, {"stream_interval": 8}),  # no sampling params at all
+        ({"text": "x"}, {"stream_interval": LAST}),  # no sampling params at all
         (
             {"text": "x", "sampling_params": {"stream_interval": 1}},
-            8,
-            {"stream_interval": 8},
-        ),  # client does not stream
-        ({"text": "x", "stream": True, "sampling_params": {"stream_interval": 2}}, 8, {"stream_interval": 2}),
-        ({"text": "x", "sampling_params": {"max_new_tokens": 3}}, 1, {"max_new_tokens": 3}),  # token by token
+            {"stream_interval": LAST},
+        ),  # not streaming
+        ({"text": "x", "stream": True, "sampling_params": {"stream_interval": 2}}, {"stream_interval": 2}),
+        ({"text": "x", "stream": True, "sampling_params": {"max_new_tokens": 3}}, {"max_new_tokens": 3}),
         (
             {"text": ["a", "b"], "sampling_params": [{}, {"top_k": 1}]},
-            4,
-            [{"stream_interval": 4}, {"top_k": 1, "stream_interval": 4}],
+            [{"stream_interval": LAST}, {"top_k": 1, "stream_interval": LAST}],
         ),
     ],
 )
-async def test_generate_progress_cadence(
-    fake: FakeEngine, client: SglangClient, body: dict[str, Any], every: int, expected_params: Any
+async def test_generate_chunk_cadence_is_the_clients_or_first_and_last(
+    fake: FakeEngine, client: SglangClient, body: dict[str, Any], expected_params: Any
 ) -> None:
     fake.on_sse("POST", "/generate", sglang_generate_chunks("gw-1", ["a"]))
-    await collect(client, call(Route.GENERATE, body, every=every))
-    assert fake.last("/generate").body.get("sampling_params") == expected_params
+    await collect(client, call(Route.GENERATE, body))
+    sent = fake.last("/generate").body
+    assert sent.get("sampling_params") == expected_params
+    assert sent["stream"] is True
 
 
 async def test_generate_batch_stream_counts_per_index(fake: FakeEngine, client: SglangClient) -> None:
@@ -125,7 +125,7 @@ async def test_generate_reset_mid_stream_is_retryable_after_the_first_events(
     fake.on("POST", "/generate", handler)
     seen: list[UpstreamEvent] = []
     with pytest.raises(UpstreamError) as caught:
-        async for event in client.generate(call(Route.GENERATE, {"text": "x"})):
+        async for event in stream(client, call(Route.GENERATE, {"text": "x"})):
             seen.append(event)
     assert len(seen) == 2
     assert caught.value.retryable and caught.value.status is None
@@ -170,8 +170,8 @@ async def test_closing_the_iterator_closes_the_upstream_connection(
         return await sse_reply(request, sglang_generate_chunks("gw-1", list("ab")), hold_s=0.5)
 
     fake.on("POST", "/generate", handler)
-    events = client.generate(call(Route.GENERATE, {"text": "x"}))
-    async with contextlib.aclosing(events):  # type: ignore[type-var]
+    events = stream(client, call(Route.GENERATE, {"text": "x"}))
+    async with events:
         first = await anext(events)
         assert first.tokens == 1
     for _ in range(100):
@@ -189,7 +189,7 @@ async def test_chat_streams_with_rid_and_usage_marks_the_usage_frame_gateway_onl
 ) -> None:
     chunks = sglang_chat_stream("gw-1", ["Hi", " there"])
     fake.on_sse("POST", "/v1/chat/completions", chunks)
-    body = {"model": "qwen", "messages": [{"role": "user", "content": "hi"}]}
+    body = {"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     events = await collect(client, call(Route.CHAT, body))
     assert [e.data for e in events] == chunks
     assert [e.tokens for e in events] == [0, 1, 1, 0, 0]  # role chunk, two words, finish chunk, usage
@@ -201,6 +201,22 @@ async def test_chat_streams_with_rid_and_usage_marks_the_usage_frame_gateway_onl
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+
+
+async def test_a_non_streaming_clients_chat_is_sent_as_it_came_with_the_rid(
+    fake: FakeEngine, client: SglangClient
+) -> None:
+    whole = {
+        "id": "gw-1",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+    }
+    fake.on_json("POST", "/v1/chat/completions", whole)
+    body = {"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "logprobs": True}
+    (event,) = await collect(client, call(Route.CHAT, body))
+    assert event.is_whole_body and event.tokens == 2
+    assert fake.last("/v1/chat/completions").body == {**body, "rid": "gw-1"}
 
 
 async def test_chat_usage_frame_is_forwarded_when_the_streaming_client_asked(
@@ -285,7 +301,8 @@ async def test_completions_stream_even_with_return_token_ids(fake: FakeEngine, c
     fake.on_sse(
         "POST", "/v1/completions", [b'{"id":"gw-1","choices":[{"index":0,"text":"a","token_ids":[5]}]}']
     )
-    await collect(client, call(Route.COMPLETIONS, {"prompt": "p", "return_token_ids": True}))
+    body = {"prompt": "p", "return_token_ids": True, "stream": True}
+    await collect(client, call(Route.COMPLETIONS, body))
     sent = fake.last("/v1/completions").body
     assert sent["stream"] is True and sent["rid"] == "gw-1" and sent["return_token_ids"] is True
 
@@ -368,11 +385,14 @@ async def test_load_from_v1_loads(fake: FakeEngine, client: SglangClient) -> Non
             ],
         },
     )
-    load = await client.load()
-    assert (load.running, load.waiting, load.generated_tokens_total) == (8, 1, None)
+    load = await client.load()  # no /metrics here (a 404: SGLang without --enable-metrics)
+    assert (load.running, load.waiting, load.generated_tokens_total, load.snapshot_at) == (8, 1, None, 1.0)
+    assert [r.path for r in fake.requests].count("/metrics") == 1
+    await client.load()
+    assert [r.path for r in fake.requests].count("/metrics") == 1  # learnt once: /v1/loads from then on
 
 
-async def test_load_falls_back_to_metrics(fake: FakeEngine, client: SglangClient) -> None:
+async def test_load_prefers_the_token_counter_in_metrics(fake: FakeEngine, client: SglangClient) -> None:
     async def metrics(_: web.Request) -> web.StreamResponse:
         return web.Response(
             text='sglang:num_running_reqs{tp_rank="0"} 4.0\nsglang:num_queue_reqs{tp_rank="0"} 2.0\nsglang:generation_tokens_total{model_name="q"} 1234.0\n'

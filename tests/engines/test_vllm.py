@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 import aiohttp
@@ -14,6 +13,8 @@ from aiohttp import web
 from rolloutgate.engines.assemble import assemble
 from rolloutgate.engines.base import EngineFamily, Route, UpstreamCall, UpstreamError, UpstreamEvent
 from rolloutgate.engines.vllm import VllmClient, vllm_capacity
+from tests.engines.started import collect as collect_events
+from tests.engines.started import stream
 
 from .fakes import FakeEngine, completion_chunk, models_answer, sse_reply, usage_frame, vllm_chat_stream
 
@@ -24,19 +25,17 @@ def client(fake: FakeEngine, session: aiohttp.ClientSession) -> VllmClient:
 
 
 def call(route: Route, body: dict[str, Any]) -> UpstreamCall:
-    return UpstreamCall(
-        request_id="gw-2", route=route, body=body, headers={"x-session-id": "s"}, progress_every_tokens=16
-    )
+    return UpstreamCall(request_id="gw-2", route=route, body=body, headers={"x-session-id": "s"})
 
 
 async def collect(client: VllmClient, upstream_call: UpstreamCall) -> list[UpstreamEvent]:
-    return [event async for event in client.generate(upstream_call)]
+    return await collect_events(client, upstream_call)
 
 
 async def test_chat_streams_with_request_id_header_and_usage(fake: FakeEngine, client: VllmClient) -> None:
     chunks = vllm_chat_stream("gw-2", [f"t{i}" for i in range(7)], merged=2)  # the reader lagged: 2 per chunk
     fake.on_sse("POST", "/v1/chat/completions", chunks, pieces=5)
-    body = {"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "stream": False}
+    body = {"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     events = await collect(client, call(Route.CHAT, body))
     assert [e.data for e in events] == chunks
     assert sum(e.tokens for e in events) == 7  # four chunks counted one each, the usage frame adds three
@@ -94,8 +93,8 @@ async def test_closing_the_iterator_is_the_abort(fake: FakeEngine, client: VllmC
         return await sse_reply(request, vllm_chat_stream("gw-2", ["a", "b"]), hold_s=0.5)
 
     fake.on("POST", "/v1/chat/completions", handler)
-    events = client.generate(call(Route.CHAT, {"messages": []}))
-    async with contextlib.aclosing(events):  # type: ignore[type-var]
+    events = stream(client, call(Route.CHAT, {"messages": []}))
+    async with events:
         await anext(events)
     for _ in range(100):
         if fake.disconnects:
@@ -112,7 +111,7 @@ async def test_cancelling_the_consumer_closes_the_connection(fake: FakeEngine, c
     first = asyncio.Event()
 
     async def consume() -> None:
-        async for _ in client.generate(call(Route.CHAT, {"messages": []})):
+        async for _ in stream(client, call(Route.CHAT, {"messages": []})):
             first.set()
 
     task = asyncio.create_task(consume())
@@ -217,3 +216,21 @@ async def test_update_weights_forwards(fake: FakeEngine, client: VllmClient) -> 
     fake.on_json("POST", "/update_weights", {"status": "ok"})
     assert await client.update_weights("update_weights", {"names": ["w"]}) == {"status": "ok"}
     assert fake.last("/update_weights").body == {"names": ["w"]}
+
+
+async def test_a_non_streaming_clients_chat_is_sent_as_it_came_and_answered_whole(
+    fake: FakeEngine, client: VllmClient
+) -> None:
+    whole = {
+        "id": "chatcmpl-gw-2",
+        "object": "chat.completion",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "length"}
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8},
+    }
+    fake.on_json("POST", "/v1/chat/completions", whole)
+    body = {"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "logprobs": True}
+    (event,) = await collect(client, call(Route.CHAT, body))
+    assert event.is_whole_body and event.tokens == 5 and event.finish_reason == "length"
+    assert fake.last("/v1/chat/completions").body == body  # no stream, no stream_options: the direct call

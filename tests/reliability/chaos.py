@@ -7,8 +7,10 @@ real simulated engine); a generation is answered according to `mode`:
 | ------------- | ---------------------------------------------------------------------------------- |
 | pass          | the simulated engine's answer                                                      |
 | reset         | the connection reset (RST) before any byte of an answer                            |
-| reset_after   | a 200 stream, `after_events` events of it, then a connection reset mid-stream      |
-| truncate      | a 200 stream, `after_events` events, then a clean end without `[DONE]`             |
+| reset_after   | a 200 stream, `after_events` events of it, then a connection reset mid-stream;     |
+|               | a whole (non-streamed) answer: half of its body, then the reset                   |
+| truncate      | a 200 stream, `after_events` events, then a clean end without `[DONE]`;            |
+|               | a whole answer: half of its body, then a clean end                                 |
 | garbage_sse   | a 200 event stream whose events are random bytes                                   |
 | garbage_body  | a 200 `application/json` answer that is random bytes, not an event stream          |
 | garbage_http  | random bytes where the HTTP status line belongs, then the connection closes        |
@@ -117,6 +119,10 @@ class ChaosEngine:
                 headers={k: v for k, v in upstream.headers.items() if k.lower() not in _SKIP_HEADERS},
             )
             await response.prepare(request)
+            if cut_after is not None and upstream.content_type != "text/event-stream":
+                whole = await upstream.read()  # a whole answer (the gateway's non-streaming calls): cut in half
+                await response.write(whole[: len(whole) // 2])
+                return await self._cut(request, response)
             events = 0
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)

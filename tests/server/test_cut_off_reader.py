@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 
 import httpx
-import pytest
 
 from tests.server.conftest import MakeCluster, MakeGateway
 from tests.server.slow_reader import open_slow_reader
@@ -30,11 +29,9 @@ async def wait_until(predicate, what: str, timeout_s: float = 30.0) -> None:  # 
         await asyncio.sleep(0.01)
 
 
-@pytest.mark.parametrize("lean", ["1", "0"], ids=["lean-client", "aiohttp"])
 async def test_a_reader_cut_off_for_falling_behind_has_its_generation_wound_up(
-    lean: str, monkeypatch: pytest.MonkeyPatch, make_cluster: MakeCluster, make_gateway: MakeGateway
+    make_cluster: MakeCluster, make_gateway: MakeGateway
 ) -> None:
-    monkeypatch.setenv("ROLLOUTGATE_LEAN_UPSTREAM", lean)
     cluster = await make_cluster(engines=1, time_scale=200.0)
     gateway = await make_gateway(
         cluster,
@@ -46,8 +43,7 @@ async def test_a_reader_cut_off_for_falling_behind_has_its_generation_wound_up(
     engine = cluster.engines[0]
     ctx = gateway.context
     (handle,) = ctx.pool.engines.values()
-    upstream = handle.client._upstream  # the lean pool, None through aiohttp
-    assert (upstream is not None) == (lean == "1")
+    upstream = handle.client._upstream  # the engine's pool of generation connections
 
     def aborts_sent() -> float:
         labels = {"reason": "client_gone"}
@@ -64,8 +60,7 @@ async def test_a_reader_cut_off_for_falling_behind_has_its_generation_wound_up(
         await wait_until(lambda: not any(ctx.driver.core.stats().in_flight.values()), "slot freed")
         await wait_until(lambda: not ctx.driver.exchanges, "exchange dropped")
         # ... and the cut-off answer's connection was closed, not handed back to the pool.
-        if upstream is not None:
-            assert upstream.idle_count == 0
+        assert upstream.idle_count == 0
     finally:
         with contextlib.suppress(OSError):
             sock.close()
@@ -76,5 +71,4 @@ async def test_a_reader_cut_off_for_falling_behind_has_its_generation_wound_up(
             json={"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
         )
     assert ok.status_code == 200, ok.text
-    if upstream is not None:
-        assert upstream.idle_count == 1
+    assert upstream.idle_count == 1

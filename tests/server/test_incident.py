@@ -1,9 +1,9 @@
 """The incident's request A through the gateway, time-scaled on the simulator (DESIGN.md).
 
-A decodes ~460 s on its own (~32K tokens at ~70 tok/s) while five other sessions arrive with 100K-token
-histories; each prefill takes ~35 s and A gets only a trickle meanwhile, so A's wall time passes 600 s.
-Engine-clock mode does not charge that contention and A completes; `--clock wallclock` (the incident's
-proxy) times it out at 600 s.
+A decodes ~460 s on its own (~32K tokens at ~70 tok/s, with logprobs, as miles asks) while five other
+sessions arrive with 100K-token histories; each prefill takes ~35 s and A gets only a trickle meanwhile, so
+A's wall time passes 600 s. Engine-clock mode does not charge that contention and A completes; `--clock
+wallclock` (the incident's proxy) times it out at 600 s.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ import pytest
 
 from rolloutgate.sim.faults import Fault
 from tests.server.conftest import MakeCluster, MakeGateway
+from tests.server.users_path import A_TOKENS, gateway_error, generate_body, quarantines, run_request_a
 
 SCALE = 50.0
-A_TOKENS = 32_000
-STORM_PROMPT_TOKENS = 100_000
 
 
 def parse_timing(header: str) -> dict[str, float]:
@@ -33,55 +32,40 @@ def final_timing(response: httpx.Response) -> dict[str, float]:
     return parse_timing(response.headers["X-Rolloutgate-Timing"])
 
 
-async def run_incident(http: httpx.AsyncClient, url: str) -> httpx.Response:
-    a = asyncio.create_task(
-        http.post(
-            f"{url}/generate",
-            json={
-                "input_ids": list(range(1, 2001)),
-                "sampling_params": {"max_new_tokens": A_TOKENS, "ignore_eos": True},
-            },
-        )
-    )
-    storms = []
-    for i in range(5):
-        await asyncio.sleep(90 / SCALE)  # a new long-history session every ~90 simulated seconds
-        storms.append(
-            asyncio.create_task(
-                http.post(
-                    f"{url}/generate",
-                    json={
-                        "input_ids": [7 + i] * STORM_PROMPT_TOKENS,
-                        "sampling_params": {"max_new_tokens": 8, "ignore_eos": True},
-                    },
-                )
-            )
-        )
-    response = await a
-    for storm in storms:
-        assert (await storm).status_code == 200
-    return response
-
-
 @pytest.mark.parametrize("clock", ["engine", "wallclock"])
 async def test_request_a_completes_in_engine_mode_and_times_out_in_wallclock_mode(
     make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient, clock: str
 ) -> None:
-    cluster = await make_cluster(engines=1, profile="incident", time_scale=SCALE)
-    gateway = await make_gateway(
-        cluster, clock=clock, timeout=600, stall_timeout=120, progress_every_tokens=16
-    )
-    response = await run_incident(http, gateway.url)
+    """Request A as miles sends it (TITO `/generate` with `return_logprob`), at x100 in-process. The same with
+    the default stall timeout, in processes at x20 and x100: tests/reliability/test_users_path.py."""
+    cluster = await make_cluster(engines=1, profile="incident", time_scale=100.0)
+    gateway = await make_gateway(cluster, clock=clock, timeout=600)
+    response, storms = await run_request_a(http, gateway.url, scale=100.0)
+    assert [s.status_code for s in storms] == [200] * 5
     if clock == "engine":
         assert response.status_code == 200, response.text
-        assert response.json()["meta_info"]["completion_tokens"] == A_TOKENS
+        answer = response.json()
+        assert answer["meta_info"]["completion_tokens"] == A_TOKENS
+        assert len(answer["meta_info"]["output_token_logprobs"]) == A_TOKENS
         timing = final_timing(response)
         assert timing["wall"] > 600, timing  # it would have died under a submission-time timeout
         assert timing["charged"] < 600, timing
         assert timing["contention"] > 100, timing  # five ~35 s prefills of other sessions
     else:
-        assert response.status_code == 504, response.text
-        assert response.json()["error"]["code"] == "timeout"
+        status, error = gateway_error(response)
+        assert (status, error["code"]) == (504, "timeout"), error
+
+
+async def test_a_70k_token_decode_ends_on_its_budget(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
+) -> None:
+    cluster = await make_cluster(engines=1, profile="incident", time_scale=100.0)
+    gateway = await make_gateway(cluster, timeout=600)
+    response = await http.post(f"{gateway.url}/generate", json=generate_body(2_000, 70_000), timeout=None)
+    status, error = gateway_error(response)
+    assert (status, error["code"]) == (504, "timeout"), error
+    assert error["rolloutgate_timing"]["charged_s"] >= 600
+    assert await quarantines(http, gateway.url) == 0
 
 
 async def test_requests_on_a_frozen_engine_finish_on_another(

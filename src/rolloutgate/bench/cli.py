@@ -3,11 +3,13 @@
     rolloutgate bench                         # everything, tables printed, JSON + docs/benchmarks.md written
     rolloutgate bench --only throughput --rounds 1 --duration 3
     rolloutgate bench --only profile          # py-spy on the gateway at 32 connections, both modes
+    rolloutgate bench --only rl-shape         # miles' TITO calls: direct, rolloutgate, the router (make bench-rl)
 
 Parts: `throughput` (the engine alone, rolloutgate and the SGLang Model Gateway side by side at 1, 32 and 256
 connections, streaming and not), `inflight` (RSS with many streams open), `dispatch` (one dispatch decision
-against the queue's size), `rl` (CPU per million tokens at RL scale), `profile` (py-spy summaries). Every
-server runs in its own process; see perf_throughput.py for the pinning.
+against the queue's size), `rl` (CPU per million tokens at RL scale), `profile` (py-spy summaries);
+`rl-shape`, run alone (perf_rl_shape.py, `make bench-rl`): miles' long-prompt non-streaming calls, direct and
+through both gateways. Every server runs in its own process; see perf_throughput.py for the pinning.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from rolloutgate.bench import (
     perf_profile,
     perf_report,
     perf_rl,
+    perf_rl_shape,
     perf_throughput,
 )
 from rolloutgate.bench.perf_load import ensure_wrk, run_load
@@ -45,7 +48,7 @@ from rolloutgate.bench.perf_procs import (
 
 __all__ = ("add_arguments", "run")
 
-PARTS = ("throughput", "inflight", "dispatch", "rl", "profile")
+PARTS = ("throughput", "inflight", "dispatch", "rl", "profile", "rl-shape")
 DEFAULT_PARTS = ("throughput", "inflight", "dispatch", "rl")
 GOAL_STREAMS = 10_000
 
@@ -66,7 +69,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--duration", type=float, default=5.0, help="seconds per throughput cell (default 5)")
     add("--rounds", type=int, default=2, help="interleaved rounds of the throughput matrix (default 2)")
     add("--connections", type=_ints, default=(1, 32, 256), help="comma-separated (default 1,32,256)")
-    add("--progress-every-tokens", type=int, default=64, help="the gateway's progress interval (default 64)")
     add("--client", choices=("auto", "wrk", "python"), default="auto", help="load generator (default auto)")
     add("--no-router", action="store_true", help="skip the SGLang Model Gateway")
     add("--server-cpu", default="0", help="CPU of the server under test (default 0)")
@@ -77,26 +79,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=GOAL_STREAMS,
         help="streams to hold open (capped by the fd limit)",
     )
-    add(
-        "--rl-progress-every",
-        type=_ints,
-        default=(64, 128),
-        help="progress intervals for the RL load (default 64,128: ~0.9 and ~1.8 s apart at 70 tok/s)",
-    )
     add("--rl-warmup", type=float, default=20.0)
     add("--rl-window", type=float, default=30.0)
     add("--profile-duration", type=float, default=10.0)
     add("--out-dir", default="out/bench", help="JSON results and profiles (default out/bench)")
     add("--docs", default="docs/benchmarks.md", help="page whose generated block is replaced ('' = none)")
+    perf_rl_shape.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     parts = tuple(args.only) if args.only else DEFAULT_PARTS
+    if "rl-shape" in parts:
+        if len(set(parts)) > 1:
+            _log("--only rl-shape runs alone (make bench-rl)")
+            return 2
+        return perf_rl_shape.run_from_args(args, log=_log)
     if args.quick:
         args.duration, args.rounds, args.connections = 1.0, 1, (1, 8)
         args.inflight_streams = min(args.inflight_streams, 200)
         args.rl_warmup, args.rl_window, args.profile_duration = 2.0, 2.0, 2.0
-        args.rl_progress_every = args.rl_progress_every[:1]
     if cpu_count() < 2:
         args.server_cpu = args.client_cpu = None
     out_dir = Path(args.out_dir)
@@ -137,14 +138,12 @@ def run(args: argparse.Namespace) -> int:
         _log("RL progress watching")
         results["rl"] = [
             perf_rl.run_rl(
-                every,
                 server_cpu=args.server_cpu,
                 client_cpu=args.client_cpu,
                 warmup_s=args.rl_warmup,
                 window_s=args.rl_window,
                 log=_log,
             ).as_dict()
-            for every in args.rl_progress_every
         ]
     if "profile" in parts:
         _log("profiling the gateway (py-spy)")
@@ -185,7 +184,7 @@ def _pinning(args: argparse.Namespace) -> str:
 
 
 def _gateway_args(args: argparse.Namespace) -> list[str]:
-    return ["--progress-every-tokens", str(args.progress_every_tokens)]
+    return []  # the gateway's defaults
 
 
 def _throughput(args: argparse.Namespace, use_wrk: bool, router_python: Path | None) -> dict[str, Any]:
@@ -335,11 +334,9 @@ def _profile(args: argparse.Namespace, use_wrk: bool, out_dir: Path) -> dict[str
 
 
 def _profile_rl(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
-    """py-spy on the gateway under the RL load (non-streaming clients, progress every N tokens)."""
-    every = args.rl_progress_every[0]
+    """py-spy on the gateway under the RL load (non-streaming clients)."""
     raw_path = out_dir / "profile-rl.raw"
     result = perf_rl.run_rl(
-        every,
         server_cpu=args.server_cpu,
         client_cpu=args.client_cpu,
         warmup_s=min(args.rl_warmup, 15.0),
@@ -349,7 +346,7 @@ def _profile_rl(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     )
     summary = perf_profile.summarize(raw_path.read_text() if raw_path.exists() else "")
     text = summary.render(
-        f"rolloutgate, RL load, progress every {every} tokens, {result.tokens_per_s:,.0f} tok/s, "
+        f"rolloutgate, RL load, {result.tokens_per_s:,.0f} tok/s, "
         f"{result.cpu_s_per_million_tokens:.2f} CPU-s per million tokens (py-spy attached)"
     )
     (out_dir / "profile-rl.md").write_text(text + "\n")

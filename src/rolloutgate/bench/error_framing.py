@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -17,6 +18,7 @@ import httpx
 import litellm
 import openai
 from aiohttp import web
+from openai.types.chat import ChatCompletionMessageParam
 
 from rolloutgate.server.respond import ERROR_TRAILER
 
@@ -33,7 +35,7 @@ ERR = json.dumps(
 hits = {"n": 0}
 
 
-async def handler(request):
+async def handler(request: web.Request) -> web.StreamResponse:
     hits["n"] += 1
     variant = request.app["variant"]
     resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
@@ -46,6 +48,7 @@ async def handler(request):
         return resp
     if variant == "cut":
         await resp.write(ERR)
+        assert request.transport is not None
         request.transport.abort()
         return resp
     if variant == "trailer":  # what the gateway sends
@@ -66,9 +69,10 @@ async def handler(request):
         )
         await resp.write_eof()
         return resp
+    raise ValueError(f"unknown variant {variant!r}")
 
 
-async def run(variant):
+async def run(variant: str) -> None:
     app = web.Application()
     app["variant"] = variant
     app.router.add_post("/v1/chat/completions", handler)
@@ -78,8 +82,9 @@ async def run(variant):
     await site.start()
     port = runner.addresses[0][1]
     base = f"http://127.0.0.1:{port}/v1"
-    body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
-    out = {}
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "x"}]
+    body: dict[str, Any] = {"model": "m", "messages": messages}
+    out: dict[str, str] = {}
     hits["n"] = 0
     try:
         async with httpx.AsyncClient() as c:
@@ -94,24 +99,24 @@ async def run(variant):
     for retries in (0, 2):
         hits["n"] = 0
         try:
-            c = openai.AsyncOpenAI(base_url=base, api_key="x", max_retries=retries)
-            r = await c.chat.completions.create(**body)
-            out[f"sdk r={retries}"] = f"RETURNED choices={r.choices} hits={hits['n']}"
+            sdk = openai.AsyncOpenAI(base_url=base, api_key="x", max_retries=retries)
+            completion = await sdk.chat.completions.create(model="m", messages=messages)
+            out[f"sdk r={retries}"] = f"RETURNED choices={completion.choices} hits={hits['n']}"
         except Exception as e:
             out[f"sdk r={retries}"] = f"RAISED {type(e).__name__} hits={hits['n']}"
     hits["n"] = 0
     try:
-        r = await litellm.acompletion(
-            model="openai/m", api_base=base, api_key="x", messages=body["messages"], timeout=5
+        answer = await litellm.acompletion(
+            model="openai/m", api_base=base, api_key="x", messages=messages, timeout=5
         )
-        out["litellm"] = f"RETURNED {r} hits={hits['n']}"
+        out["litellm"] = f"RETURNED {answer} hits={hits['n']}"
     except Exception as e:
         out["litellm"] = f"RAISED {type(e).__name__} hits={hits['n']}"
     await runner.cleanup()
     print(variant, json.dumps(out, indent=1))
 
 
-async def main():
+async def main() -> None:
     for v in ("clean", "cut", "trailer", "errobj"):
         await run(v)
 

@@ -32,6 +32,7 @@ __all__ = (
     "free_port",
     "machine_description",
     "pin_prefix",
+    "process_tree",
     "repin",
     "router_python",
     "rss_bytes",
@@ -81,7 +82,7 @@ def repin(pid: int, cpus: str | None) -> None:
     subprocess.run(["taskset", "-a", "-p", "-c", str(cpus), str(pid)], capture_output=True, check=False)
 
 
-def _process_tree(pid: int) -> list[int]:
+def process_tree(pid: int) -> list[int]:
     """`pid` and its descendants (read from /proc; a launcher may run the server as a child)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
@@ -104,7 +105,7 @@ def _process_tree(pid: int) -> list[int]:
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of `pid` and its live descendants."""
     total = 0
-    for member in _process_tree(pid):
+    for member in process_tree(pid):
         try:
             with open(f"/proc/{member}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
@@ -117,7 +118,7 @@ def cpu_seconds(pid: int) -> float:
 def rss_bytes(pid: int) -> int:
     """Resident memory of `pid` and its live descendants (VmRSS from /proc/<pid>/status)."""
     total = 0
-    for member in _process_tree(pid):
+    for member in process_tree(pid):
         try:
             with open(f"/proc/{member}/status") as f:
                 for line in f:
@@ -294,9 +295,13 @@ def ensure_router_venv(venv: Path = ROUTER_VENV, *, log: object = print) -> Path
     return python
 
 
-def start_router(cpus: str | None, engine_urls: list[str], python: Path) -> ManagedProcess:
+def start_router(
+    cpus: str | None, engine_urls: list[str], python: Path, policy: str = "round_robin"
+) -> ManagedProcess:
     """The SGLang Model Gateway (`sglang_router.launch_router`), bound to loopback, Prometheus moved off
-    its default 0.0.0.0:29000; ready once `/readiness` answers 200 (a worker has been accepted)."""
+    its default 0.0.0.0:29000; ready once `/readiness` answers 200 (a worker has been accepted). `policy`:
+    its routing policy; `manual` sticks each `X-SMG-Routing-Key` to a worker (new keys to the worker with the
+    fewest), `cache_aware` is its default prefix-tree policy."""
     port, prometheus_port = free_port(), free_port()
     command = [
         *pin_prefix(cpus),
@@ -310,7 +315,8 @@ def start_router(cpus: str | None, engine_urls: list[str], python: Path) -> Mana
         "--worker-urls",
         *engine_urls,
         "--policy",
-        "round_robin",
+        policy,
+        *(["--assignment-mode", "min_group"] if policy == "manual" else []),
         "--prometheus-host",
         "127.0.0.1",
         "--prometheus-port",

@@ -112,7 +112,6 @@ class ExactWorld:
             clock="engine",
             timeout=config.gateway_timeout_s,
             stall_timeout=config.stall_timeout_s,
-            progress_every_tokens=self.progress_every,
             **MODE_SETTINGS[mode],
         )
         self.core = Gateway(_core_config(settings))

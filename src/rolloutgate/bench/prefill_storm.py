@@ -88,7 +88,6 @@ class StormConfig:
     reply_kept_tokens: int = 1_000
     tool_time_s: tuple[float, float] = (5.0, 20.0)
     start_spread_s: float = 90.0
-    progress_every_tokens: int = 32
 
     def __post_init__(self) -> None:
         if self.engines < 1 or self.agents < 0 or self.storm_sessions < 0:
@@ -204,7 +203,6 @@ async def run_mode(config: StormConfig, mode: str) -> ModeRun:
             port=0,
             engines=[EngineSpec(url=url, family="sglang") for url in cluster.urls],
             time_scale=config.time_scale,
-            progress_every_tokens=config.progress_every_tokens,
             log_level="warning",
             **MODE_SETTINGS[mode],
         )

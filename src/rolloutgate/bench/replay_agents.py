@@ -6,11 +6,9 @@ session's history grows by an excerpt of each answer and a tool result. A turn w
 LiteLLM's own retries) ends the session, as a failed sample ends a rollout, and the agent starts a new one.
 
 The call is `litellm.acompletion` with the incident's settings: non-streaming, `timeout` = the client timeout
-in real seconds (300 simulated seconds / time scale), and LiteLLM's default retries (3 attempts). Two extra
-fields go in the body: `ignore_eos` (SGLang and the simulator honour it) and `stream_interval`, the simulator's
-extension that makes the engine stream progress every N tokens. The gateway asks for that cadence itself on
-SGLang's native `/generate` (`progress_every_tokens`), but not on `/v1/chat/completions`, where it would get
-one event per token: at the replay's time scale that is more events than one Python process can carry.
+in real seconds (300 simulated seconds / time scale), and LiteLLM's default retries (3 attempts), with
+`ignore_eos` in the body (SGLang and the simulator honour it). The gateway sends the call on as it came,
+non-streamed, and watches its engine's load for progress (core/engine_watch.py).
 
 Each turn is tagged (`X-Replay-Turn` header, the same on every retry of the turn) so that the gateway's tap can
 join the agent's turn to the gateway's requests and the engine's generations.
@@ -189,7 +187,7 @@ class AgentFleet:
                 messages=messages,
                 max_tokens=record.max_tokens,
                 timeout=config.real_s(config.client_timeout_s),
-                extra_body={"ignore_eos": True, "stream_interval": config.progress_every_tokens},
+                extra_body={"ignore_eos": True},
                 extra_headers={TURN_HEADER: record.tag, **headers},
             )
         except asyncio.CancelledError:

@@ -19,7 +19,8 @@ Definitions (simulated seconds; "the end" is the end of the run):
 - engine-seconds of a generation: from its admission to its end (or the end of the run), less the time its
   engine was paused or frozen: the time it held a slot of a working batch;
 - wasted engine-seconds: engine-seconds of generations whose answer no client received, except
-  (a) generations still serving a waiting client at the end (in progress), and (b) generations the frozen engine
+  (a) generations still serving a waiting client at the end (in progress: still generating, or finished with
+  its answer on its way to that client when the run ended), and (b) generations the frozen engine
   held when it froze or received after it (until the gateway stopped sending): the work it had done on them is
   lost to the fault in any mode ("lost to the fault");
 - detection time: from the freeze to the first verdict of the gateway on that engine (quarantined by the
@@ -153,8 +154,8 @@ def view_generations(records: dict[str, Any]) -> tuple[list[GenerationView], dic
             outcome = "delivered"
         elif caught_by_freeze and (killed is None or killed >= freeze_at):
             outcome = "fault"
-        elif is_live_at_end and request_id in waiting:
-            outcome = "in_progress"
+        elif request_id in waiting and (is_live_at_end or g["finish"] in ("stop", "length")):
+            outcome = "in_progress"  # its client still waits at the end: generating, or its answer on its way
         else:
             outcome = "wasted"
         views.append(

@@ -46,7 +46,6 @@ class ReplayConfig:
     client_timeout_s: float = 300.0
     gateway_timeout_s: float = 600.0
     stall_timeout_s: float = 60.0
-    progress_every_tokens: int = 32
     # workload
     history_tokens: tuple[int, int] = (90_000, 110_000)  # a new session's history
     opening_tokens: tuple[int, int] = (2_000, 4_000)  # decode of a session's first turn

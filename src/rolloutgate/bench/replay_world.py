@@ -123,7 +123,6 @@ def gateway_settings(config: ReplayConfig, mode: str, urls: list[str]) -> Gatewa
         clock=mode,  # type: ignore[arg-type]
         timeout=config.gateway_timeout_s,
         stall_timeout=config.stall_timeout_s,
-        progress_every_tokens=config.progress_every_tokens,
         log_level="warning",
         **({} if config.prefill_admission else PREFILL_ADMISSION_OFF),
     )

@@ -100,12 +100,17 @@ class RequestArrived:
 
 @dataclass(**_per_request)
 class ProgressReported:
-    """The engine produced something for a dispatched request: `tokens` new output tokens (0 = bytes only)."""
+    """The engine produced something for a dispatched request: `tokens` new output tokens (0 = bytes only).
+
+    `engine_level`: not the request's own output but its engine's, read from the engine's counters while the
+    request's answer comes whole (core/engine_watch.py): it keeps the request and its engine alive, and ends
+    the request's prefill only once the prefill would be over at the floor rate."""
 
     request_id: str
     tokens: int = 1
     cached_tokens: int | None = None  # prompt tokens the engine served from its prefix cache, when told
     attempt: int | None = None  # the Dispatch.attempt this belongs to; a stale attempt's event is ignored
+    engine_level: bool = False
 
     def __post_init__(self) -> None:
         if self.tokens < 0:

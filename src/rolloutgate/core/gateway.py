@@ -279,6 +279,8 @@ class Gateway(GatewayLedger):
         r.tokens += ev.tokens
         engine.liveness.last_progress_at = now
         if r.is_in_prefill:
+            if ev.engine_level and now < r.prefill_due_at:
+                return []  # its engine progresses; its own prefill may still be running
             return self._end_prefill(r, engine, now)
         r.clock.note_progress(now)
         return []

@@ -113,6 +113,7 @@ class GatewayLedger:
         uncached = self._sessions.uncached(r.routing_key, r.prompt_tokens, engine.engine_id)
         is_large = uncached >= self._config.contention_min_prefill_tokens
         r.uncached_tokens, r.is_in_prefill, r.is_large_prefill = uncached, True, is_large
+        r.prefill_due_at = now + uncached / self._config.prefill_floor_tokens_per_s
         was_idle = not engine.requests
         engine.requests[rid] = r
         engine.slots.admit(uncached, now)

@@ -43,6 +43,7 @@ class RequestRecord:
         "is_large_prefill",
         "limits",
         "pinned_engine",
+        "prefill_due_at",
         "prefills_endured",
         "priority",
         "prompt_tokens",
@@ -81,6 +82,9 @@ class RequestRecord:
         self.uncached_tokens = 0
         self.is_in_prefill = False
         self.is_large_prefill = False
+        self.prefill_due_at = (
+            0.0  # when this attempt's prefill is over at the floor rate (engine-level progress)
+        )
         self.prefills_endured = 0  # long prefills its engine finished while it decoded there (this attempt)
         self.is_disconnected = False
         self.avoid_engines: frozenset[str] = NO_ENGINES

@@ -4,12 +4,14 @@ Theory of operation: every timer in the core is "key K is due at T" where T is a
 seconds, or the virtual charged-time of one engine, see request_clock.py). Setting a key again replaces its
 deadline; discarding it cancels it. Both are O(log n) / O(1): the old heap entry is left in place and skipped
 when it surfaces (each entry carries a sequence number, and only the key's latest number is live). The heap is
-rebuilt from the live entries when stale ones outnumber them, so memory stays O(live timers).
+rebuilt from the live entries when stale ones outnumber them, so memory stays O(live timers). Deadlines that tie
+are due in key order: which one fires first depends on what is set, never on the order it was set in (the
+driver's deferred deadlines and the eager ones then give the same commands in the same order).
 
 Rules:
 1. `math.inf` means "never": setting a key to inf is the same as discarding it.
 2. NaN is refused (ValueError): a NaN deadline would never compare as due and would leak.
-3. Keys are compared only for equality (the sequence number breaks ties), so any hashable key works.
+3. Keys must be hashable and ordered among themselves (the core's are strings and (kind, id) tuples).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class TimerHeap(Generic[K]):
     __slots__ = ("_heap", "_live", "_seq")
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, K]] = []
+        self._heap: list[tuple[float, K, int]] = []
         self._live: dict[K, tuple[int, float]] = {}
         self._seq = 0
 
@@ -47,7 +49,7 @@ class TimerHeap(Generic[K]):
             return  # unchanged: no new heap entry
         self._seq += 1
         self._live[key] = (self._seq, at)
-        heapq.heappush(self._heap, (at, self._seq, key))
+        heapq.heappush(self._heap, (at, key, self._seq))
         if len(self._heap) > 2 * len(self._live) + _COMPACT_SLACK:
             self._compact()
 
@@ -66,7 +68,7 @@ class TimerHeap(Generic[K]):
         heap = self._heap
         live = self._live
         while heap:
-            at, seq, key = heap[0]
+            at, key, seq = heap[0]
             entry = live.get(key)
             if entry is not None and entry[0] == seq:
                 return at
@@ -78,7 +80,7 @@ class TimerHeap(Generic[K]):
         at = self.next_at()
         if at > limit or at == math.inf:  # nothing due (an empty heap is never due, even at limit inf)
             return None
-        _, _, key = heapq.heappop(self._heap)
+        _, key, _ = heapq.heappop(self._heap)
         del self._live[key]
         return key
 
@@ -89,7 +91,7 @@ class TimerHeap(Generic[K]):
         return key in self._live
 
     def _compact(self) -> None:
-        self._heap = [(at, seq, key) for key, (seq, at) in self._live.items()]
+        self._heap = [(at, key, seq) for key, (seq, at) in self._live.items()]
         heapq.heapify(self._heap)
 
     def __repr__(self) -> str:

@@ -5,9 +5,10 @@ calls and one engine family's HTTP API, and nothing else: it never retries and n
 Every aiohttp or JSON error is mapped to `UpstreamError` at this boundary, so nothing from the network layer
 leaks into the server.
 
-A generation is always read as a stream of `UpstreamEvent`s when the engine can stream the request, so the
-gateway sees progress; the server forwards the events to a streaming client, or assembles them into one body
-for a non-streaming client (engines/assemble.py).
+A generation costs the engine no more output work than the same call sent directly: a streaming client's
+call streams and its events are forwarded; any other call comes back as one whole body (or, SGLang's
+`/generate`, as two chunks: the first token and the end), assembled into the answer (engines/assemble.py),
+while engine-level load (`load()`) shows the engine progressing (server/engine_watch.py).
 
 Progress is cheap to watch: adapters count tokens per event without parsing the event's JSON where they can
 (see engines/progress.py), so the gateway's work per request is bounded by events, not by tokens.
@@ -16,7 +17,7 @@ Progress is cheap to watch: adapters count tokens per event without parsing the 
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,14 +25,17 @@ import orjson
 
 __all__ = (
     "AssemblyHint",
+    "EndSink",
     "EngineClient",
     "EngineFamily",
     "EngineInfo",
     "EngineLoad",
+    "EventSink",
     "Route",
     "UpstreamCall",
     "UpstreamError",
     "UpstreamEvent",
+    "UpstreamHandle",
 )
 
 
@@ -63,24 +67,17 @@ class EngineInfo:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineLoad:
-    """Engine-level load, for progress where a request cannot be streamed and for tests."""
+    """Engine-level load: the progress of calls that do not stream (server/engine_watch.py), and for tests.
+
+    `generated_tokens_total`: the engine's generated-token counter (SGLang with `--enable-metrics`, vLLM), the
+    signal of choice. Otherwise `gen_throughput` (SGLang `/v1/loads`), which a frozen SGLang keeps reporting
+    from its last decode log: it counts only while the snapshot's `snapshot_at` moves."""
 
     running: int
     waiting: int
-    generated_tokens_total: float | None = None  # a counter, when the engine exposes one
+    generated_tokens_total: float | None = None
     gen_throughput: float | None = None  # tokens/s the engine reports generating lately (SGLang /v1/loads)
-
-    def shows_progress_since(self, earlier: EngineLoad | None) -> bool:
-        """Whether the engine generated anything between `earlier` and this reading (engine-level progress)."""
-        if self.gen_throughput is not None and self.gen_throughput > 0:
-            return True
-        if (
-            earlier is not None
-            and self.generated_tokens_total is not None
-            and earlier.generated_tokens_total is not None
-        ):
-            return self.generated_tokens_total > earlier.generated_tokens_total
-        return False
+    snapshot_at: float | str | None = None  # when the engine took the reading (SGLang /v1/loads `timestamp`)
 
 
 @dataclass(slots=True, kw_only=True)  # not frozen: built per request (core/events.py, `_per_request`)
@@ -91,7 +88,6 @@ class UpstreamCall:
     route: Route
     body: dict[str, Any]  # the client's validated JSON body; the adapter copies before rewriting
     headers: dict[str, str] = field(default_factory=dict)  # client headers to pass on (routing keys)
-    progress_every_tokens: int = 1  # ask the engine for a stream event every N tokens where it allows
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,6 +132,19 @@ class UpstreamEvent:
         return self._parsed
 
 
+# The events of one socket read, in order -> keep going (False: stop the call). Never called with [].
+EventSink = Callable[[list["UpstreamEvent"]], bool]
+EndSink = Callable[["UpstreamError | None"], None]  # a call's outcome: None when it ended well
+
+
+class UpstreamHandle(Protocol):
+    """A running generation: `cancel()` closes its connection (nothing is reported after it)."""
+
+    def done(self) -> bool: ...
+
+    def cancel(self) -> bool | None: ...
+
+
 class UpstreamError(Exception):
     """An upstream call failed. `retryable`: the same request may run again elsewhere.
 
@@ -175,16 +184,11 @@ class EngineClient(Protocol):
         """True if the engine answers its health endpoint with success."""
         ...
 
-    def can_stream(self, call: UpstreamCall) -> bool:
-        """False when the engine answers this call only as a whole body (no progress until the end)."""
-        ...
-
-    def generate(self, call: UpstreamCall) -> AsyncIterator[UpstreamEvent]:
-        """Run the call, yielding events as the engine produces them; ends after the last one.
-
-        Raises UpstreamError on connection failures, resets, non-2xx answers or unparseable streams. Closing
-        the iterator early (cancellation) closes the upstream connection.
-        """
+    def start(self, call: UpstreamCall, on_events: EventSink, on_end: EndSink) -> UpstreamHandle:
+        """Run the call: the events of each socket read go to `on_events` as the engine sends them (False
+        stops the call and closes its connection); its outcome to `on_end` once, None when the answer ended
+        well, else the UpstreamError (connection failures, resets, non-2xx answers, unparseable streams).
+        `cancel()` on the handle closes the upstream connection and reports nothing (engines/push_call.py)."""
         ...
 
     async def abort(self, request_id: str) -> None:

@@ -1,44 +1,45 @@
-"""One generation call, its events pulled (`async for`) or pushed (a callback per event, as the socket reads).
+"""A generation's wire and its events: what `start_generation` (engines/push_call.py) runs for every adapter.
 
-Theory of operation: every adapter sends a generation the same way (a POST through the engine's lean pool or
-aiohttp, a 2xx check, an SSE stream or one whole body) and differs only in how an SSE event becomes an
-`UpstreamEvent`: that is its decoder (`GenerateDecoder` for SGLang's cumulative `/generate` chunks,
-`OpenAIDecoder` for chat and completions chunks). The call then runs one of two ways:
+Theory of operation: every adapter sends a generation the same way (a POST on the engine's keep-alive pool,
+engines/upstream.py; a 2xx check; an SSE stream or one whole body) and differs only in the body it sends and
+in how an SSE event becomes an `UpstreamEvent`: that is its decoder (`GenerateDecoder` for SGLang's cumulative
+`/generate` chunks, `OpenAIDecoder` for chat and completions chunks). The events of each socket read go to
+`on_events` together, synchronously, from the read that completed them (no task switch, no async iterator
+per event); `on_events` returning False stops the call and closes the connection (how an engine learns its
+client left). The outcome goes to `on_end` once: None when the answer ended well, else the UpstreamError.
 
-- pulled, `pull_generation(...)`: an async iterator of events (`EngineClient.generate`), read in batches of
-  one socket read each (`SseEvents`);
-- pushed, `push_generation(..., on_events)`: the events of each socket read go to `on_events` together,
-  synchronously, from the read that completed them (`UpstreamResponse.push`), with no task switch and no
-  async iterator per event. This is the driver's path (`deliver`): at RL scale (thousands of streams, an
-  event per stream every second or so) every event is a socket read of its own, and the pulled path's
-  wake-up and frame switches were most of the gateway's CPU per event (docs/benchmarks.md); a streaming
-  client's tokens, one event each, arrive several to a read, and the driver reports them to the core once
-  per read. `on_events` returning False stops the call: the connection is closed (the engine's abort, as
-  when a pulled iterator is closed early). Through aiohttp (no lean pool) the push is emulated with batches.
+Two ways to carry it, one behaviour (engines/push_call.py `start_generation` chooses): on an idle keep-alive
+connection the call needs no task (the connection's callbacks carry it); otherwise a task connects, sends and
+pushes (`push_generation`).
 
-Both raise UpstreamError for connection failures, non-2xx answers, error events, unreadable or truncated
-streams (`map_exceptions`); cancellation closes the connection.
+Errors are UpstreamError for connection failures, non-2xx answers, error events, unreadable or truncated
+streams (`map_exceptions`); cancelling the handle closes the connection and reports nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import asyncio
+from collections.abc import Mapping
 from typing import Any, Protocol
 
-import aiohttp
 import orjson
 
-from rolloutgate.engines.base import AssemblyHint, UpstreamCall, UpstreamError, UpstreamEvent
+from rolloutgate.engines.base import (
+    AssemblyHint,
+    EndSink,
+    EventSink,
+    UpstreamError,
+    UpstreamEvent,
+    UpstreamHandle,
+)
 from rolloutgate.engines.http import (
     DONE,
-    ControlTimeouts,
-    SseEvents,
     SseParser,
     check_json_object,
     drain_after_done,
+    generation_headers,
     is_error_frame,
     map_exceptions,
-    post_generation,
     raise_for_error_frame,
     raise_for_status,
 )
@@ -51,21 +52,18 @@ from rolloutgate.engines.progress import (
 from rolloutgate.engines.upstream import UpstreamPool, UpstreamResponse
 
 __all__ = (
+    "EndSink",
     "EventDecoder",
     "EventSink",
     "GenerateDecoder",
     "OpenAIDecoder",
     "SsePush",
-    "deliver",
+    "UpstreamHandle",
     "finish_answer",
-    "pull_generation",
-    "pull_into",
     "push_generation",
+    "refuse",
     "whole_body_event",
 )
-
-# The events of one read, in order -> keep going (False: stop the call). Never called with an empty list.
-EventSink = Callable[[list[UpstreamEvent]], bool]
 
 
 class EventDecoder(Protocol):
@@ -122,47 +120,13 @@ class OpenAIDecoder:
         )
 
 
-async def pull_generation(
-    session: aiohttp.ClientSession,
-    upstream: UpstreamPool | None,
-    url: str,
-    body: bytes,
-    *,
-    headers: Mapping[str, str],
-    timeouts: ControlTimeouts,
-    decoder: EventDecoder,
-) -> AsyncIterator[UpstreamEvent]:
-    """The call's events (or one whole-body event if the engine did not stream). Closing the iterator early
-    closes the upstream connection (vLLM aborts the request on that)."""
-    what = f"POST {url}"
-    post = post_generation(session, upstream, url, body, headers=headers, timeouts=timeouts)
-    del body  # not kept for the answer's lifetime (a 100K-token prompt is ~600 KB; the pool drops its copy)
-    with map_exceptions(what):
-        async with post as resp:
-            await raise_for_status(resp, what=what)
-            if resp.content_type != "text/event-stream":
-                yield whole_body_event(await resp.read(), hint=decoder.hint)
-                return
-            completed = False
-            try:
-                events = SseEvents(resp)
-                while batch := await events.next_batch():
-                    for data in batch:
-                        yield decoder.decode(data)
-                completed = True
-            finally:
-                if not completed:
-                    resp.close()  # never reuse a half-read connection; closing it is vLLM's abort
-
-
 async def push_generation(
-    session: aiohttp.ClientSession,
-    upstream: UpstreamPool | None,
-    url: str,
+    pool: UpstreamPool,
+    path: str,
     body: bytes,
     *,
     headers: Mapping[str, str],
-    timeouts: ControlTimeouts,
+    connect_s: float,
     decoder: EventDecoder,
     on_events: EventSink,
 ) -> None:
@@ -171,11 +135,11 @@ async def push_generation(
 
     One coroutine frame for the whole call (no context-manager or helper frames): it is held for as long as
     the generation runs, by every stream in flight (docs/benchmarks.md, memory per stream)."""
-    what = f"POST {url}"
+    what = f"POST {pool.base_url}{path}"
     sink = SsePush(decoder, on_events)
-    # The lean pool pushes a 200 event stream to the sink from the read of its headers on: one wake-up of
-    # this task per answer (upstream_wire.py); any other answer comes back unread, as without it.
-    post = post_generation(session, upstream, url, body, headers=headers, timeouts=timeouts, push_to=sink)
+    # The pool pushes a 200 event stream to the sink from the read of its headers on: one wake-up of this
+    # task per answer (upstream_wire.py); any other answer comes back unread.
+    post = pool.post(path, body, generation_headers(headers), connect_timeout=connect_s, push_to=sink)
     del body  # not kept for the answer's lifetime (a 100K-token prompt is ~600 KB; the pool drops its copy)
     with map_exceptions(what):
         async with post as resp:
@@ -183,20 +147,17 @@ async def push_generation(
 
 
 async def finish_answer(
-    resp: Any, what: str, sink: SsePush, decoder: EventDecoder, on_events: EventSink
+    resp: UpstreamResponse, what: str, sink: SsePush, decoder: EventDecoder, on_events: EventSink
 ) -> None:
-    """Everything of a pushed call after its headers: the push (unless the lean pool already pushed the
-    whole stream), the drain after `[DONE]`, the verdict on a stream that ended without it; a whole JSON body
-    or an error status as such. Call inside `map_exceptions`."""
-    if isinstance(resp, UpstreamResponse) and resp.pushed:
+    """Everything of a pushed call after its headers: the push (unless the pool already pushed the whole
+    stream), the drain after `[DONE]`, the verdict on a stream that ended without it; a whole JSON body or an
+    error status as such. Call inside `map_exceptions`."""
+    if resp.pushed:
         resp.stop_push()
     else:
         await raise_for_status(resp, what=what)
         if resp.content_type != "text/event-stream":
             on_events([whole_body_event(await resp.read(), hint=decoder.hint)])
-            return
-        if not isinstance(resp, UpstreamResponse):
-            await _push_batches(resp, decoder, on_events)
             return
         try:
             await resp.start_push(sink)
@@ -213,13 +174,26 @@ async def finish_answer(
         raise error
 
 
-async def _push_batches(resp: Any, decoder: EventDecoder, on_events: EventSink) -> None:
-    """Push emulated over a response that cannot push (aiohttp's): batches of one read each."""
-    events = SseEvents(resp)
-    while batch := await events.next_batch():
-        if not _hand_over(batch, decoder, on_events)[1]:
-            resp.close()
-            return
+class _Refused:
+    """The handle of a call refused before anything was sent: its error is reported from a loop callback."""
+
+    __slots__ = ("_timer",)
+
+    def __init__(self, error: UpstreamError, on_end: EndSink) -> None:
+        self._timer: asyncio.Handle | None = asyncio.get_running_loop().call_soon(on_end, error)
+
+    def done(self) -> bool:
+        return self._timer is None or self._timer.cancelled()
+
+    def cancel(self) -> bool:
+        if self._timer is not None:
+            self._timer.cancel()
+        return True
+
+
+def refuse(error: UpstreamError, on_end: EndSink) -> UpstreamHandle:
+    """A call the adapter will not send (e.g. `/generate` on an engine without it): `on_end(error)` soon."""
+    return _Refused(error, on_end)
 
 
 def _hand_over(payloads: list[bytes], decoder: EventDecoder, on_events: EventSink) -> tuple[bool, bool]:
@@ -279,32 +253,14 @@ class SsePush:
         return UpstreamError("the engine's stream ended before [DONE]", retryable=True)
 
 
-async def pull_into(events: AsyncIterator[UpstreamEvent], on_events: EventSink) -> None:
-    """Hand the events of a pulled call to `on_events` one by one, closing the iterator when it returns
-    False."""
-    try:
-        async for event in events:
-            if not on_events([event]):
-                return
-    finally:
-        close = getattr(events, "aclose", None)
-        if close is not None:
-            await close()
-
-
-def deliver(client: Any, call: UpstreamCall, on_events: EventSink) -> Awaitable[None]:
-    """Run `call` on an engine client, handing its events to `on_events`: pushed a read at a time where the
-    client can (`stream_into(call, on_events)`), else pulled from `generate(call)`. The awaitable raises
-    UpstreamError."""
-    push = getattr(client, "stream_into", None)
-    if push is not None:
-        return push(call, on_events)  # type: ignore[no-any-return]
-    return pull_into(client.generate(call), on_events)
-
-
 def whole_body_event(body: bytes, *, hint: AssemblyHint) -> UpstreamEvent:
     """The single event of a non-streamed answer. Raises UpstreamError for an unreadable body or an error
-    object (some servers answer errors with HTTP 200)."""
+    object (some servers answer errors with HTTP 200).
+
+    The answer is parsed once, for its check, token count and finish reason, and the parsed tree is not
+    kept on the event: the event's bytes go to the client as they are, and parsed, a long answer is several
+    times its size (a 32K-token answer with logprobs ~4x). `UpstreamEvent.json()` parses again, lazily, for
+    a reader that needs it."""
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -313,13 +269,15 @@ def whole_body_event(body: bytes, *, hint: AssemblyHint) -> UpstreamEvent:
         ) from exc
     if isinstance(parsed, dict) and "error" in parsed and is_error_frame(body.lstrip()):
         raise_for_error_frame(body.lstrip())
+    tokens = whole_body_tokens(parsed)
+    finish_reason = _first_finish_reason(parsed)
+    del parsed
     return UpstreamEvent(
         data=body,
-        tokens=whole_body_tokens(body),
+        tokens=tokens,
         is_whole_body=True,
-        finish_reason=_first_finish_reason(parsed),
+        finish_reason=finish_reason,
         assembly=hint,
-        _parsed=parsed,
     )
 
 

@@ -1,26 +1,25 @@
-"""Shared aiohttp plumbing for the engine adapters: SSE framing, error mapping, small JSON/metrics helpers.
+"""Shared plumbing for the engine adapters: SSE framing, error mapping, small JSON/metrics helpers.
 
 Theory of operation:
 
 - `SseParser` is sans-IO: bytes in (any split, LF or CRLF line ends), event data out. It joins buffered
   pieces only when a chunk completes an event, so a megabyte-sized SGLang cumulative chunk that arrives in
-  64 KiB pieces is copied once, not once per piece. `iter_sse_data` drives it from an aiohttp response with
-  `iter_any()` (whatever the socket has, no line-by-line reads) and stops at `[DONE]`.
+  64 KiB pieces is copied once, not once per piece (engines/generation.py `SsePush` drives it).
 - `map_exceptions()` is the one boundary where aiohttp, OS and JSON errors become `UpstreamError`; adapters
   wrap every network call in it, so nothing from aiohttp reaches the server. Connection failures, resets,
   timeouts, truncated or unreadable bodies are retryable (another engine may do better); an engine's 4xx is
   not (the request itself is wrong), except 408 and 429; 5xx is.
-- Sessions are injected: one `aiohttp.ClientSession` per gateway, owned by the server. Generations run with
-  no read timeout (the gateway's stall and budget clocks judge them); control calls carry their own.
+- Control calls (probe, health, load, abort, pause, weights) go through one injected `aiohttp.ClientSession`
+  per gateway, owned by the server, each with its own limits; generations go through the engine's lean pool
+  (engines/upstream.py) with no read timeout (the gateway's stall and budget clocks judge them).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,17 +30,14 @@ from rolloutgate.engines.base import UpstreamError
 from rolloutgate.engines.upstream import (
     UpstreamConnectError,
     UpstreamDisconnected,
-    UpstreamPool,
     UpstreamProtocolError,
 )
-from rolloutgate.engines.upstream_wire import BodySink
 
 __all__ = (
     "DONE",
     "DRAIN_AFTER_DONE_S",
     "JSON_HEADERS",
     "ControlTimeouts",
-    "SseEvents",
     "SseParser",
     "as_upstream_error",
     "check_json_object",
@@ -52,17 +48,13 @@ __all__ = (
     "get_text",
     "is_error_frame",
     "is_ok",
-    "iter_sse_data",
-    "lean_path",
     "map_exceptions",
     "parse_prometheus",
     "positive_int",
-    "post_generation",
     "post_json",
     "raise_for_error_frame",
     "raise_for_status",
     "status_error",
-    "upstream_pool",
 )
 
 log = logging.getLogger(__name__)
@@ -94,9 +86,6 @@ class ControlTimeouts:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
-
-    def generation(self) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(total=None, sock_connect=self.connect_s)
 
     def control(self, total_s: float | None) -> aiohttp.ClientTimeout:
         return aiohttp.ClientTimeout(total=total_s, sock_connect=self.connect_s)
@@ -202,59 +191,6 @@ def _event_data(block: bytes) -> bytes | None:
     return b"\n".join(lines) if lines else None
 
 
-class SseEvents:
-    """The events of an SSE response, read in batches: `await next_batch()` returns the events one read of
-    the body completed (at least one), or `[]` once the stream has ended with `[DONE]` (what follows it is
-    drained, so the connection can be reused).
-
-    Raises UpstreamError (retryable) if the body ends without `[DONE]`: a stream cut short must not pass for
-    a complete answer. Transport errors propagate (callers run inside `map_exceptions`).
-
-    Why batches: an adapter loops over them with one `await` per socket read, instead of an async iterator
-    per layer (bytes, then events): at RL scale every event is a read of its own, and each layer of async
-    iteration costs a frame switch per event (docs/benchmarks.md).
-    """
-
-    __slots__ = ("_is_done", "_parser", "_resp")
-
-    def __init__(self, resp: Any) -> None:
-        self._resp = resp  # an aiohttp.ClientResponse or an engines.upstream.UpstreamResponse
-        self._parser = SseParser()
-        self._is_done = False
-
-    async def next_batch(self) -> list[bytes]:
-        if self._is_done:
-            return []
-        content = self._resp.content
-        parser = self._parser
-        while True:
-            chunk = await content.readany()
-            if not chunk:
-                self._is_done = True
-                tail = parser.finish()
-                if tail == DONE:
-                    return []
-                if tail is not None:
-                    raise UpstreamError("the engine's stream ended inside an event", retryable=True)
-                raise UpstreamError("the engine's stream ended before [DONE]", retryable=True)
-            events = parser.feed(chunk)
-            if events:
-                break
-        if DONE in events:
-            self._is_done = True
-            await drain_after_done(self._resp)
-            return events[: events.index(DONE)]
-        return events
-
-
-async def iter_sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    """Yield each event's data from an SSE response until `[DONE]` (SseEvents, one event at a time)."""
-    events = SseEvents(resp)
-    while batch := await events.next_batch():
-        for data in batch:
-            yield data
-
-
 async def drain_after_done(resp: Any) -> None:
     """Read what follows `[DONE]` (normally only the chunked-body terminator) so the connection is reused."""
     if resp.content.at_eof():
@@ -345,7 +281,8 @@ def _error_message(body: bytes) -> str:
     return body[:200].decode("utf-8", "replace")
 
 
-async def raise_for_status(resp: aiohttp.ClientResponse, *, what: str) -> None:
+async def raise_for_status(resp: Any, *, what: str) -> None:
+    """Raise the UpstreamError of a non-2xx answer (an aiohttp response or the lean pool's)."""
     if resp.status >= 300:
         body = await resp.content.read(_MAX_ERROR_BODY)
         raise status_error(resp.status, body, what=what)
@@ -407,52 +344,9 @@ def _translate(what: str, exc: Exception) -> UpstreamError | None:
     return None
 
 
-def post_generation(
-    session: aiohttp.ClientSession,
-    upstream: UpstreamPool | None,
-    url: str,
-    data: bytes,
-    *,
-    headers: Mapping[str, str],
-    timeouts: ControlTimeouts,
-    push_to: BodySink | None = None,
-) -> Any:
-    """The POST of a generation, as an async context manager yielding the response: through the engine's
-    lean keep-alive pool (engines/upstream.py) when the adapter has one for `url`, else through aiohttp.
-    Call inside `map_exceptions`. Both responses offer what `raise_for_status`, `iter_sse_data` and
-    `read()` use. `push_to` (the lean pool only) arms a push of a 200 event stream: see UpstreamPool.post."""
-    merged = generation_headers(headers)
-    path = lean_path(upstream, url)
-    if upstream is not None and path is not None:
-        return upstream.post(path, data, merged, connect_timeout=timeouts.connect_s, push_to=push_to)
-    return session.post(url, data=data, headers=merged, timeout=timeouts.generation())
-
-
 def generation_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """A generation POST's headers: the client's that are passed on, and the JSON content type."""
     return {**headers, **JSON_HEADERS}
-
-
-def lean_path(upstream: UpstreamPool | None, url: str) -> str | None:
-    """The path of `url` when the engine's lean pool serves it (engines/upstream.py), else None."""
-    if upstream is not None and url.startswith(upstream.base_url + "/"):
-        return url[len(upstream.base_url) :]
-    return None
-
-
-def upstream_pool(url: str) -> UpstreamPool | None:
-    """A lean keep-alive pool for an adapter's generations (engines/upstream.py) when it can take the URL,
-    else None (aiohttp then). On by default; `ROLLOUTGATE_LEAN_UPSTREAM=0` opts out (aiohttp for every call).
-
-    (It was off for a while: the slow-reader waves test of `make test-reliability` hung with it on. The hang
-    was the test's own drain of a cut-off client through a 4 KB receive window, which Linux can serve at a
-    few KB/s, with either client: docs/reliability.md.)"""
-    if os.environ.get("ROLLOUTGATE_LEAN_UPSTREAM", "1") == "0":
-        return None
-    try:
-        return UpstreamPool(url)
-    except ValueError:
-        return None
 
 
 # ---------------------------------------------------------------------------------------------------------

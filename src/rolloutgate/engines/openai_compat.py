@@ -8,10 +8,10 @@ pause API (`pause`/`resume` fail clearly; the gateway can still pause by not dis
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import orjson
 
 from rolloutgate.engines.base import (
     AssemblyHint,
@@ -21,15 +21,12 @@ from rolloutgate.engines.base import (
     Route,
     UpstreamCall,
     UpstreamError,
-    UpstreamEvent,
 )
+from rolloutgate.engines.generation import EndSink, EventSink, OpenAIDecoder, UpstreamHandle, refuse
 from rolloutgate.engines.http import ControlTimeouts, fetch_models, is_ok, post_json
-from rolloutgate.engines.openai_stream import (
-    client_wants_usage,
-    generate_unsupported,
-    run_openai_call,
-    streaming_body,
-)
+from rolloutgate.engines.openai_stream import client_wants_usage, generate_unsupported, upstream_body
+from rolloutgate.engines.push_call import start_generation
+from rolloutgate.engines.upstream import UpstreamPool
 
 __all__ = ("OpenAICompatClient",)
 
@@ -44,26 +41,25 @@ class OpenAICompatClient:
     ) -> None:
         self.url = url.rstrip("/")
         self._session = session
+        self._upstream = UpstreamPool(self.url)  # generations; everything else goes through `session`
         self._timeouts = timeouts or ControlTimeouts()
         self._hint = AssemblyHint(family=EngineFamily.OPENAI)
 
     def __repr__(self) -> str:
         return f"<OpenAICompatClient {self.url}>"
 
-    def can_stream(self, call: UpstreamCall) -> bool:
-        return True
-
-    def generate(self, call: UpstreamCall) -> AsyncIterator[UpstreamEvent]:
+    def start(self, call: UpstreamCall, on_events: EventSink, on_end: EndSink) -> UpstreamHandle:
         if call.route is Route.GENERATE:
-            return generate_unsupported("this OpenAI-compatible engine")
-        return run_openai_call(
-            self._session,
-            self.url + call.route.value,
-            streaming_body(call.body),
+            return refuse(generate_unsupported("this OpenAI-compatible engine"), on_end)
+        return start_generation(
+            self._upstream,
+            call.route.value,
+            lambda: orjson.dumps(upstream_body(call.body)),
             headers=call.headers,
-            timeouts=self._timeouts,
-            hint=self._hint,
-            wants_usage=client_wants_usage(call.body),
+            connect_s=self._timeouts.connect_s,
+            decoder=OpenAIDecoder(self._hint, wants_usage=client_wants_usage(call.body)),
+            on_events=on_events,
+            on_end=on_end,
         )
 
     async def abort(self, request_id: str) -> None:

@@ -188,13 +188,18 @@ class CumulativeCounter:
         return max(0, total - before)
 
 
-def whole_body_tokens(body: bytes) -> int:
+def whole_body_tokens(body: object) -> int:
     """Output tokens of a non-streamed answer: its usage (OpenAI) or summed `meta_info` (SGLang); one when
-    neither is readable (the body is still forwarded as the engine sent it)."""
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return 1
+    neither is readable (the body is still forwarded as the engine sent it).
+
+    `body` is the answer's bytes, or its JSON already parsed (never bytes), so a caller that parsed it for
+    something else does not parse it twice (engines/generation.py, `whole_body_event`)."""
+    parsed: object = body
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return 1
     items = parsed if isinstance(parsed, list) else [parsed]
     total = 0
     for item in items:

@@ -1,11 +1,12 @@
-"""A pushed generation without a task: the lean connection's callbacks carry it to its end.
+"""`start_generation`: the one call every adapter makes to run a generation; and the call without a task.
 
-Theory of operation: `push_generation` (engines/generation.py) runs in a task of its own, which sleeps while
-the engine works and wakes when its answer is in. When the engine's pool has an idle keep-alive connection,
-`start_push_generation` needs no task: it writes the request on that connection with the push armed
-(upstream_wire.py `start`), the answer's reads go to the sink as they arrive, and one future callback ends
-the call when the push settles. A task, its first step, its wake-up and the four coroutine frames it resumes
-were ~5% of the gateway's CPU per request at 32 connections (docs/benchmarks.md).
+Theory of operation: a generation runs one of two ways, the same to the adapter and the driver. When the
+engine's pool has an idle keep-alive connection, `start_push_generation` needs no task: it writes the request
+on that connection with the push armed (upstream_wire.py `start`), the answer's reads go to the sink as they
+arrive, and one future callback ends the call when the push settles. Otherwise a task connects, sends and
+pushes (`run_to_end`, engines/generation.py `push_generation`). Why two: a task, its first step, its wake-up and the four
+coroutine frames it resumes were ~5% of the gateway's CPU per request at 32 connections on short calls
+(docs/benchmarks.md); on the RL shape (answers of thousands of tokens) neither costs anything that shows.
 
 The outcome goes to `on_end` exactly once (never after `cancel()`), from a loop callback of its own (never
 inside the socket read that settled the push, so the driver may reuse the connection at once):
@@ -28,45 +29,82 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
 
-from rolloutgate.engines.base import UpstreamCall, UpstreamError
-from rolloutgate.engines.generation import EventDecoder, EventSink, SsePush, finish_answer
+from rolloutgate.engines.base import UpstreamError
+from rolloutgate.engines.generation import (
+    EndSink,
+    EventDecoder,
+    EventSink,
+    SsePush,
+    UpstreamHandle,
+    finish_answer,
+    push_generation,
+)
 from rolloutgate.engines.http import (
     DRAIN_AFTER_DONE_S,
     as_upstream_error,
     generation_headers,
-    lean_path,
     map_exceptions,
 )
 from rolloutgate.engines.upstream import UpstreamPool, UpstreamResponse
 from rolloutgate.engines.upstream_wire import UpstreamConnection
 
-__all__ = ("EndSink", "PushedGeneration", "UpstreamHandle", "start_delivery", "start_push_generation")
-
-EndSink = Callable[[UpstreamError | None], None]  # the call's outcome: None when it ended well
+__all__ = ("PushedGeneration", "start_generation", "start_push_generation")
 
 
-class UpstreamHandle(Protocol):
-    """A running upstream call: a task (`deliver` in one) or a `PushedGeneration`."""
+def start_generation(
+    pool: UpstreamPool,
+    path: str,
+    make_body: Callable[[], bytes],
+    *,
+    headers: Mapping[str, str],
+    connect_s: float,
+    decoder: EventDecoder,
+    on_events: EventSink,
+    on_end: EndSink,
+) -> UpstreamHandle:
+    """Run one generation (module docstring): POST `make_body()` to `path` on the engine's pool, its events
+    to `on_events`, its outcome to `on_end`. Returns the handle of the running call."""
+    pushed = start_push_generation(
+        pool, path, make_body, headers=headers, decoder=decoder, on_events=on_events, on_end=on_end
+    )
+    if pushed is not None:
+        return pushed
+    return asyncio.get_running_loop().create_task(
+        run_to_end(pool, path, make_body, headers, connect_s, decoder, on_events, on_end)
+    )
 
-    def done(self) -> bool: ...
 
-    def cancel(self) -> bool | None: ...
-
-
-def start_delivery(
-    client: Any, call: UpstreamCall, on_events: EventSink, on_end: EndSink
-) -> UpstreamHandle | None:
-    """Start `call` without a task where the client can (`start_stream`: module docstring); None when it
-    cannot, for the caller to run `deliver` in a task."""
-    start = getattr(client, "start_stream", None)
-    return None if start is None else start(call, on_events, on_end)
+async def run_to_end(
+    pool: UpstreamPool,
+    path: str,
+    make_body: Callable[[], bytes],
+    headers: Mapping[str, str],
+    connect_s: float,
+    decoder: EventDecoder,
+    on_events: EventSink,
+    on_end: EndSink,
+) -> None:
+    try:
+        # the body is built here and held by push_generation alone, which lets it go once it is sent
+        await push_generation(
+            pool,
+            path,
+            make_body(),
+            headers=headers,
+            connect_s=connect_s,
+            decoder=decoder,
+            on_events=on_events,
+        )
+    except UpstreamError as error:
+        on_end(error)
+    else:
+        on_end(None)
 
 
 def start_push_generation(
-    upstream: UpstreamPool | None,
-    url: str,
+    pool: UpstreamPool,
+    path: str,
     make_body: Callable[[], bytes],
     *,
     headers: Mapping[str, str],
@@ -74,21 +112,19 @@ def start_push_generation(
     on_events: EventSink,
     on_end: EndSink,
 ) -> PushedGeneration | None:
-    """Start the call on an idle connection of `upstream` (the engine's lean pool, for `url`); None when
-    there is none (or no pool): then run `push_generation` as usual. `make_body` is called only when the call
-    starts here."""
-    path = lean_path(upstream, url)
-    if upstream is None or path is None:
-        return None
-    connection = upstream.take_idle()
+    """Start the call on an idle connection of `pool`; None when there is none (then a task runs it).
+    `make_body` is called only when the call starts here."""
+    connection = pool.take_idle()
     if connection is None:
         return None
     try:
-        request = upstream.request_bytes(path, make_body(), generation_headers(headers))
+        request = pool.request_bytes(path, make_body(), generation_headers(headers))
     except ValueError:
-        upstream.finish(connection, ok=False)  # nothing was sent; push_generation raises the same error
+        pool.finish(connection, ok=False)  # nothing was sent; the task path raises the same error
         return None
-    return PushedGeneration(upstream, connection, request, f"POST {url}", decoder, on_events, on_end)
+    return PushedGeneration(
+        pool, connection, request, f"POST {pool.base_url}{path}", decoder, on_events, on_end
+    )
 
 
 class PushedGeneration:

@@ -2,15 +2,17 @@
 
 Theory of operation (facts from reference/engines.md, section A):
 
-- Every generation streams, so the gateway sees progress. `/generate` is sent with `rid` = the gateway's
-  request id and `stream: true`; its chunks are cumulative, counted by `meta_info.completion_tokens` deltas
-  (engines/progress.py). Unless the client itself streams with its own `stream_interval`, the gateway asks
-  for a chunk every `progress_every_tokens` tokens (`sampling_params.stream_interval`).
-- Chat and completions are sent with `rid` and `stream: true` plus `stream_options.include_usage`, except a
-  chat request with `return_meta_info`, `return_token_ids` or `return_prompt_token_ids`: SGLang rejects those
-  when streaming, so such a request is sent as the client sent it and, non-streamed, yields one whole-body
-  event (engine-level load then stands in for progress). SGLang's OpenAI streams send their HTTP headers only
-  at the first token; the call simply waits for them.
+- The engine does no more output work for a call than for the same call sent directly. `/generate` is sent
+  with `rid` = the gateway's request id and `stream: true`; its chunks are cumulative, counted by
+  `meta_info.completion_tokens` deltas (engines/progress.py). A streaming client gets the chunks it asked
+  for; for any other client the gateway asks for `stream_interval` FIRST_AND_LAST, so the engine sends the
+  first token (the prefill is over) and the end (the whole answer), and engine-level load stands in for
+  progress in between (server/engine_watch.py).
+- Chat and completions stream (with `rid` and `stream_options.include_usage`) only when the client streams:
+  OpenAI chunks carry ~200 bytes of envelope per token, so a non-streaming client's call is sent as it came
+  and answered as one whole body, watched at engine level. SGLang refuses to stream a chat request with
+  `return_meta_info`, `return_token_ids` or `return_prompt_token_ids`: such a request is sent as the client
+  sent it. SGLang's OpenAI streams send their HTTP headers only at the first token; the call simply waits.
 - `abort` posts `/abort_request {"rid"}`. SGLang matches rids by prefix in its scheduler but ignores a rid its
   tokenizer does not know, and n>1 samples get fresh rids, so an n>1 or batch `/generate` cannot be aborted
   by rid: closing the connection (which SGLang notices within 0-4 s) is the fallback.
@@ -22,7 +24,7 @@ Theory of operation (facts from reference/engines.md, section A):
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -36,13 +38,14 @@ from rolloutgate.engines.base import (
     Route,
     UpstreamCall,
     UpstreamError,
-    UpstreamEvent,
 )
 from rolloutgate.engines.generation import (
+    EndSink,
+    EventDecoder,
     EventSink,
     GenerateDecoder,
-    pull_generation,
-    push_generation,
+    OpenAIDecoder,
+    UpstreamHandle,
 )
 from rolloutgate.engines.http import (
     ControlTimeouts,
@@ -53,15 +56,10 @@ from rolloutgate.engines.http import (
     parse_prometheus,
     positive_int,
     post_json,
-    upstream_pool,
 )
-from rolloutgate.engines.openai_stream import (
-    client_wants_usage,
-    push_openai_call,
-    run_openai_call,
-    streaming_body,
-)
-from rolloutgate.engines.push_call import EndSink, PushedGeneration, start_push_generation
+from rolloutgate.engines.openai_stream import client_wants_usage, upstream_body
+from rolloutgate.engines.push_call import start_generation
+from rolloutgate.engines.upstream import UpstreamPool
 
 __all__ = ("SglangClient",)
 
@@ -84,90 +82,42 @@ class SglangClient:
     ) -> None:
         self.url = url.rstrip("/")
         self._session = session
-        self._upstream = upstream_pool(self.url)  # generations; everything else goes through `session`
+        self._upstream = UpstreamPool(self.url)  # generations; everything else goes through `session`
         self._timeouts = timeouts or ControlTimeouts()
         self._hint = AssemblyHint(family=EngineFamily.SGLANG)
+        self._counter_in_metrics: bool | None = None  # unknown until the first load reading
 
     def __repr__(self) -> str:
         return f"<SglangClient {self.url}>"
 
     # -- generation ------------------------------------------------------------------------------------
 
-    def can_stream(self, call: UpstreamCall) -> bool:
-        return not (call.route is Route.CHAT and any(call.body.get(k) for k in _CHAT_NON_STREAMABLE))
-
-    def generate(self, call: UpstreamCall) -> AsyncIterator[UpstreamEvent]:
+    def start(self, call: UpstreamCall, on_events: EventSink, on_end: EndSink) -> UpstreamHandle:
         if call.route is Route.GENERATE:
-            return pull_generation(
-                self._session,
-                self._upstream,
-                self.url + Route.GENERATE.value,
-                orjson.dumps(generate_body(call)),
-                headers=call.headers,
-                timeouts=self._timeouts,
-                decoder=GenerateDecoder(self._hint),
-            )
-        body = self._openai_body(call)
-        return run_openai_call(
-            self._session,
-            self.url + call.route.value,
-            body,
-            headers=call.headers,
-            timeouts=self._timeouts,
-            hint=self._hint,
-            wants_usage=client_wants_usage(call.body),
-            upstream=self._upstream,
-        )
-
-    def start_stream(
-        self, call: UpstreamCall, on_events: EventSink, on_end: EndSink
-    ) -> PushedGeneration | None:
-        """`stream_into` without a task, where the call can run on the connection's callbacks: `/generate` on
-        an idle keep-alive connection (engines/push_call.py); None otherwise."""
-        if call.route is not Route.GENERATE:
-            return None
-        return start_push_generation(
+            decoder: EventDecoder = GenerateDecoder(self._hint)
+            make_body = lambda: orjson.dumps(generate_body(call))  # noqa: E731 - built only when sent
+        else:
+            decoder = OpenAIDecoder(self._hint, wants_usage=client_wants_usage(call.body))
+            make_body = lambda: orjson.dumps(self._openai_body(call))  # noqa: E731
+        return start_generation(
             self._upstream,
-            self.url + Route.GENERATE.value,
-            lambda: orjson.dumps(generate_body(call)),
+            call.route.value,
+            make_body,
             headers=call.headers,
-            decoder=GenerateDecoder(self._hint),
+            connect_s=self._timeouts.connect_s,
+            decoder=decoder,
             on_events=on_events,
             on_end=on_end,
-        )
-
-    def stream_into(self, call: UpstreamCall, on_events: EventSink) -> Awaitable[None]:
-        """`generate`, its events handed to `on_events` a read at a time (engines/generation.py)."""
-        if call.route is Route.GENERATE:
-            return push_generation(
-                self._session,
-                self._upstream,
-                self.url + Route.GENERATE.value,
-                orjson.dumps(generate_body(call)),
-                headers=call.headers,
-                timeouts=self._timeouts,
-                decoder=GenerateDecoder(self._hint),
-                on_events=on_events,
-            )
-        body = self._openai_body(call)
-        return push_openai_call(
-            self._session,
-            self.url + call.route.value,
-            body,
-            on_events,
-            headers=call.headers,
-            timeouts=self._timeouts,
-            hint=self._hint,
-            wants_usage=client_wants_usage(call.body),
-            upstream=self._upstream,
         )
 
     def _openai_body(self, call: UpstreamCall) -> dict[str, Any]:
         body = dict(call.body)
         body["rid"] = call.request_id
-        if call.route is Route.CHAT and any(body.get(flag) for flag in _CHAT_NON_STREAMABLE):
+        if not body.get("stream") or (
+            call.route is Route.CHAT and any(body.get(flag) for flag in _CHAT_NON_STREAMABLE)
+        ):
             return body  # sent as the client sent it: non-streamed, or refused with the engine's own 400
-        return streaming_body(body)
+        return upstream_body(body)
 
     async def abort(self, request_id: str) -> None:
         try:
@@ -224,28 +174,36 @@ class SglangClient:
         )
 
     async def load(self) -> EngineLoad:
+        """Running and waiting requests and the generated-token counter from `/metrics` (SGLang with
+        `--enable-metrics`), else `/v1/loads` (whose `gen_throughput` counts only while its snapshot moves: a
+        frozen SGLang keeps the rate of its last decode log). The first reading learns which one answers."""
         limits = self._timeouts.control(self._timeouts.load_s)
-        try:
-            answer = await get_json(self._session, self.url + "/v1/loads", limits=limits, what="v1/loads")
-        except UpstreamError as error:
-            if error.status is None or error.status >= 500:
-                raise
-            answer = None  # older SGLang: no /v1/loads; /metrics (with --enable-metrics) instead
-        if isinstance(answer, dict) and isinstance(answer.get("loads"), list):
-            loads = [item for item in answer["loads"] if isinstance(item, dict)]
-            return EngineLoad(
-                running=sum(int(item.get("num_running_reqs") or 0) for item in loads),
-                waiting=sum(int(item.get("num_waiting_reqs") or 0) for item in loads),
-                gen_throughput=sum(float(item.get("gen_throughput") or 0.0) for item in loads),
-            )
-        text = await get_text(self._session, self.url + "/metrics", limits=limits, what="metrics")
-        values = parse_prometheus(text, _METRICS)
-        if "sglang:num_running_reqs" not in values:
-            raise UpstreamError("the engine reports no load (/v1/loads or /metrics)", retryable=True)
+        if self._counter_in_metrics is not False:
+            try:
+                text = await get_text(self._session, self.url + "/metrics", limits=limits, what="metrics")
+            except UpstreamError as error:
+                if self._counter_in_metrics or error.status is None or error.status >= 500:
+                    raise  # no reading this time; a 404 (no --enable-metrics) means never
+            else:
+                values = parse_prometheus(text, _METRICS)
+                if "sglang:generation_tokens_total" in values and "sglang:num_running_reqs" in values:
+                    self._counter_in_metrics = True
+                    return EngineLoad(
+                        running=int(values["sglang:num_running_reqs"]),
+                        waiting=int(values.get("sglang:num_queue_reqs", 0.0)),
+                        generated_tokens_total=values["sglang:generation_tokens_total"],
+                    )
+            self._counter_in_metrics = False
+        answer = await get_json(self._session, self.url + "/v1/loads", limits=limits, what="v1/loads")
+        if not isinstance(answer, dict) or not isinstance(answer.get("loads"), list):
+            raise UpstreamError("the engine reports no load (/metrics or /v1/loads)", retryable=True)
+        loads = [item for item in answer["loads"] if isinstance(item, dict)]
+        stamp = answer.get("timestamp")
         return EngineLoad(
-            running=int(values["sglang:num_running_reqs"]),
-            waiting=int(values.get("sglang:num_queue_reqs", 0.0)),
-            generated_tokens_total=values.get("sglang:generation_tokens_total"),
+            running=sum(int(item.get("num_running_reqs") or 0) for item in loads),
+            waiting=sum(int(item.get("num_waiting_reqs") or 0) for item in loads),
+            gen_throughput=sum(float(item.get("gen_throughput") or 0.0) for item in loads),
+            snapshot_at=stamp if isinstance(stamp, float | int | str) else None,
         )
 
     # -- gate and weights ------------------------------------------------------------------------------
@@ -283,35 +241,38 @@ class SglangClient:
         return answer if isinstance(answer, dict) else {"answer": answer}
 
 
-def generate_body(call: UpstreamCall) -> dict[str, Any]:
-    """The `/generate` body: the client's, with the gateway's `rid`, streaming, and the progress cadence.
+# A non-streaming client's `/generate` is streamed at this interval: SGLang then emits the first token (which
+# tells the gateway the prefill is over) and the end, whose cumulative chunk is the answer the engine would have
+# sent whole. Its output work is the direct call's plus one small chunk (scheduler `stream_interval` rule:
+# `len(output_ids) % interval == 1` for interval > 1, and always at the finish; docs/gateway.md).
+FIRST_AND_LAST = 1 << 30
 
-    A streaming client that chose its own `stream_interval` keeps it (it sees every chunk); otherwise the
-    gateway's `progress_every_tokens` applies when it is above 1.
+
+def generate_body(call: UpstreamCall) -> dict[str, Any]:
+    """The `/generate` body: the client's, with the gateway's `rid`, streaming, and the chunk cadence.
+
+    A streaming client keeps its own `stream_interval` (it reads every chunk). For a client that does not
+    stream, the engine sends two chunks (FIRST_AND_LAST): progress costs it nothing beyond one small chunk.
     """
     body = dict(call.body)
     client_streams = bool(body.get("stream"))
     body["rid"] = call.request_id
     body["stream"] = True
-    if call.progress_every_tokens > 1:
+    if not client_streams:
         params = body.get("sampling_params")
         if isinstance(params, list):
-            body["sampling_params"] = [
-                _with_interval(p, call.progress_every_tokens, client_streams) for p in params
-            ]
+            body["sampling_params"] = [_first_and_last(p) for p in params]
         else:
-            body["sampling_params"] = _with_interval(params, call.progress_every_tokens, client_streams)
+            body["sampling_params"] = _first_and_last(params)
     return body
 
 
-def _with_interval(params: Any, every: int, client_streams: bool) -> Any:
+def _first_and_last(params: Any) -> Any:
     if params is None:
-        return {"stream_interval": every}
+        return {"stream_interval": FIRST_AND_LAST}
     if not isinstance(params, dict):
         return params  # not ours to fix: the engine answers 400
-    if client_streams and "stream_interval" in params:
-        return params
-    return {**params, "stream_interval": every}
+    return {**params, "stream_interval": FIRST_AND_LAST}
 
 
 def sglang_capacity(info: Mapping[str, Any]) -> int | None:

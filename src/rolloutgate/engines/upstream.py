@@ -148,14 +148,17 @@ class _Post:
     async def __aenter__(self) -> UpstreamResponse:
         connection = await self._pool._acquire(self._connect_timeout)
         self._connection = connection
-        request, self._request = self._request, b""  # not kept for the answer's lifetime (prompts are big)
-        try:
-            pushed = await connection.send(request, push_to=self._push_to)
+        try:  # the request bytes are not kept for the answer's lifetime (a 100K-token prompt is ~0.7 MB)
+            pushed = await connection.send(self._take_request(), push_to=self._push_to)
         except BaseException:
             connection.stop_push()
             connection.close()
             raise
         return UpstreamResponse(connection, pushed=pushed)
+
+    def _take_request(self) -> bytes:
+        request, self._request = self._request, b""
+        return request
 
     async def __aexit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None

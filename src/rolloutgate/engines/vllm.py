@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import aiohttp
+import orjson
 
 from rolloutgate.engines.base import (
     AssemblyHint,
@@ -34,9 +34,8 @@ from rolloutgate.engines.base import (
     Route,
     UpstreamCall,
     UpstreamError,
-    UpstreamEvent,
 )
-from rolloutgate.engines.generation import EventSink, pull_into
+from rolloutgate.engines.generation import EndSink, EventSink, OpenAIDecoder, UpstreamHandle, refuse
 from rolloutgate.engines.http import (
     ControlTimeouts,
     fetch_models,
@@ -46,15 +45,10 @@ from rolloutgate.engines.http import (
     parse_prometheus,
     positive_int,
     post_json,
-    upstream_pool,
 )
-from rolloutgate.engines.openai_stream import (
-    client_wants_usage,
-    generate_unsupported,
-    push_openai_call,
-    run_openai_call,
-    streaming_body,
-)
+from rolloutgate.engines.openai_stream import client_wants_usage, generate_unsupported, upstream_body
+from rolloutgate.engines.push_call import start_generation
+from rolloutgate.engines.upstream import UpstreamPool
 
 __all__ = ("VllmClient", "vllm_capacity")
 
@@ -84,44 +78,25 @@ class VllmClient:
     ) -> None:
         self.url = url.rstrip("/")
         self._session = session
-        self._upstream = upstream_pool(self.url)  # generations; everything else goes through `session`
+        self._upstream = UpstreamPool(self.url)  # generations; everything else goes through `session`
         self._timeouts = timeouts or ControlTimeouts()
         self._hint = AssemblyHint(family=EngineFamily.VLLM)
 
     def __repr__(self) -> str:
         return f"<VllmClient {self.url}>"
 
-    def can_stream(self, call: UpstreamCall) -> bool:
-        return True
-
-    def generate(self, call: UpstreamCall) -> AsyncIterator[UpstreamEvent]:
+    def start(self, call: UpstreamCall, on_events: EventSink, on_end: EndSink) -> UpstreamHandle:
         if call.route is Route.GENERATE:
-            return generate_unsupported("vLLM")
-        return run_openai_call(
-            self._session,
-            self.url + call.route.value,
-            streaming_body(call.body),
+            return refuse(generate_unsupported("vLLM"), on_end)
+        return start_generation(
+            self._upstream,
+            call.route.value,
+            lambda: orjson.dumps(upstream_body(call.body)),
             headers={**call.headers, "X-Request-Id": call.request_id},
-            timeouts=self._timeouts,
-            hint=self._hint,
-            wants_usage=client_wants_usage(call.body),
-            upstream=self._upstream,
-        )
-
-    def stream_into(self, call: UpstreamCall, on_events: EventSink) -> Awaitable[None]:
-        """`generate`, its events handed to `on_events` a read at a time (engines/generation.py)."""
-        if call.route is Route.GENERATE:
-            return pull_into(generate_unsupported("vLLM"), on_events)
-        return push_openai_call(
-            self._session,
-            self.url + call.route.value,
-            streaming_body(call.body),
-            on_events,
-            headers={**call.headers, "X-Request-Id": call.request_id},
-            timeouts=self._timeouts,
-            hint=self._hint,
-            wants_usage=client_wants_usage(call.body),
-            upstream=self._upstream,
+            connect_s=self._timeouts.connect_s,
+            decoder=OpenAIDecoder(self._hint, wants_usage=client_wants_usage(call.body)),
+            on_events=on_events,
+            on_end=on_end,
         )
 
     async def abort(self, request_id: str) -> None:

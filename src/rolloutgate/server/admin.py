@@ -87,7 +87,10 @@ def _maintenance(engines: list[EngineHandle]) -> Iterator[None]:
 
 
 def _gate_state(ctx: GatewayContext) -> dict[str, Any]:
-    return ctx.extras.setdefault("gate", {"open": True, "mode": None, "closed_at": None, "last_update": None})
+    gate: dict[str, Any] = ctx.extras.setdefault(
+        "gate", {"open": True, "mode": None, "closed_at": None, "last_update": None}
+    )
+    return gate
 
 
 async def _pause_engines(engines: list[EngineHandle], mode: PauseMode) -> dict[str, str | None]:

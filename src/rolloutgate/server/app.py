@@ -110,6 +110,14 @@ def _log_request(exchange: Exchange, outcome: Finished | GatewayError) -> None:
     request_log.info(orjson.dumps(record).decode())
 
 
+def engine_poll_interval(settings: GatewaySettings) -> float:
+    """Gateway seconds between load readings of a watched engine: a frozen engine is caught at most this
+    much after `stall_timeout` (core/engine_watch.py)."""
+    if settings.engine_poll_interval is not None:
+        return settings.engine_poll_interval
+    return min(settings.stall_timeout / 20, 3.0)
+
+
 def build_app(settings: GatewaySettings) -> web.Application:
     # No middleware: every route is registered behind server/guard.py instead (aiohttp adds frames per middleware).
     app = web.Application(client_max_size=settings.max_body_bytes)
@@ -119,9 +127,8 @@ def build_app(settings: GatewaySettings) -> web.Application:
         Gateway(_core_config(settings)),
         clock,
         metrics,
-        progress_every_tokens=settings.progress_every_tokens,
         abort_upstream=settings.clock == "engine",
-        opaque_poll_s=clock.real_seconds(min(settings.stall_timeout / 4, 5.0)),
+        engine_poll_s=clock.real_seconds(engine_poll_interval(settings)),
     )
     driver.on_end.append(_log_request)
     pool = EnginePool(settings, driver.handle, clock.real_seconds)
@@ -246,8 +253,8 @@ class GatewayServer:
         self._watchdog = asyncio.create_task(self._cut_stalled_readers(), name="stalled-readers")
         site = web.TCPSite(self.runner, self.settings.host, self.settings.port, backlog=4096)
         await site.start()
-        sockets = site._server.sockets if site._server else []
-        port = sockets[0].getsockname()[1] if sockets else self.settings.port
+        addresses = self.runner.addresses  # getsockname() of each listening socket (this runner's one site)
+        port = addresses[0][1] if addresses else self.settings.port
         self.url = f"http://{self.settings.host}:{port}"
         return self.url
 

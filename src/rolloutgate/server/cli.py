@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import gc
 import logging
 import signal
 import sys
+from collections.abc import Callable
 
 from rolloutgate.config import load_settings
 
@@ -42,7 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--allow-remote-admin", action="store_const", const=True, help="admin from non-loopback clients")
     add("--api-key", dest="api_keys", action="append", help="accepted inference API key, repeatable")
     add(
-        "--progress-every-tokens", type=int, help="stream interval asked of engines for non-streaming clients"
+        "--engine-poll-interval",
+        type=float,
+        help="seconds between load readings of an engine whose calls come whole (default stall/20, <= 3)",
     )
     add(
         "--placement",
@@ -85,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def event_loop_factory():  # type: ignore[no-untyped-def]
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop where available (the HTTP paths are measured on it), else the default loop."""
     try:
         import uvloop
@@ -98,6 +102,25 @@ def event_loop_factory():  # type: ignore[no-untyped-def]
 # collection every few requests at load; the gateway makes few reference cycles (tracebacks of handled
 # errors, mostly), so collecting 70x less often costs little memory and saves CPU (docs/benchmarks.md).
 GC_THRESHOLDS = (50_000, 20, 50)
+
+
+# glibc's M_MMAP_THRESHOLD, fixed at 128 KiB (its initial value). glibc raises it to the size of each mmap'd
+# buffer freed, up to 32 MB: one freed orjson output of a 100K-token prompt (~16 MB of address space for 0.7 MB
+# of ids) is enough, and from then on every large transient buffer comes from the heap and stays resident after
+# it is freed. Fixed, they go back to the OS when freed (tests/reliability/test_memory_per_request.py).
+_M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_BYTES = 128 * 1024
+
+
+def keep_large_buffers_returnable() -> None:
+    """Fix glibc's mmap threshold (above); a no-op where the C library is not glibc."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt): nothing to fix there
+        return
 
 
 def tune_gc() -> None:
@@ -115,6 +138,7 @@ async def _serve(settings: object) -> None:
     server = GatewayServer(settings)  # type: ignore[arg-type]
     url = await server.start()
     tune_gc()
+    keep_large_buffers_returnable()
     logging.getLogger("rolloutgate").info("rolloutgate serving on %s", url)
     print(f"rolloutgate serving on {url}", flush=True)
     stop = asyncio.Event()

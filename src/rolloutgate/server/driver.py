@@ -8,8 +8,8 @@ only clock of the gateway: gateway seconds, which run `time_scale` times faster 
 time-scaled simulator.
 
 Commands:
-- Dispatch: start (or restart) the exchange's upstream call on the chosen engine: on the connection's
-  callbacks where the engine's client can (engines/push_call.py), else in a task.
+- Dispatch: start (or restart) the exchange's upstream call on the chosen engine (`EngineClient.start`); a
+  call whose answer comes whole (its client does not stream) is watched at engine level (engine_watch.py).
 - Abort: close the upstream connection and call the engine's abort API with the attempt's upstream id.
 - Complete / Fail: put the terminal item into the exchange's outbox (the handler writes it).
 - MarkEngine: log and remember the engine's state.
@@ -47,13 +47,11 @@ from rolloutgate.core.events import (
 from rolloutgate.core.gateway import Gateway
 from rolloutgate.engines.assemble import ResponseAssembler
 from rolloutgate.engines.base import UpstreamCall, UpstreamError, UpstreamEvent
-from rolloutgate.engines.generation import deliver
-from rolloutgate.engines.push_call import start_delivery
 from rolloutgate.errors import GatewayError, UpstreamFailure, from_fail_reason
 from rolloutgate.server.continuation import CannotContinue, continuation_body
+from rolloutgate.server.engine_watch import EngineWatcher
 from rolloutgate.server.exchange import Exchange, Finished
 from rolloutgate.server.metrics import Metrics
-from rolloutgate.server.opaque import OpaqueWatcher
 from rolloutgate.server.pool import EnginePool
 
 __all__ = ("Driver", "GatewayClock", "upstream_id")
@@ -70,16 +68,24 @@ def upstream_id(request_id: str, attempt: int) -> str:
     return f"{request_id}-{attempt:02d}"
 
 
+def max_new_tokens(body: dict[str, Any]) -> int | None:
+    """The most output tokens the call may generate, when its body says (OpenAI `max_tokens` or
+    `max_completion_tokens`, SGLang `sampling_params.max_new_tokens`)."""
+    limit = body.get("max_tokens") or body.get("max_completion_tokens")
+    if limit is None:
+        params = body.get("sampling_params")
+        limit = params.get("max_new_tokens") if isinstance(params, dict) else None
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+
+
 def _remaining_engine_s(exchange: Exchange, core: Gateway, now: float) -> float:
     """Engine seconds an abandoned generation would still have taken, at its own observed token rate."""
-    limit = exchange.body.get("max_tokens") or exchange.body.get("max_completion_tokens")
-    if limit is None:
-        limit = (exchange.body.get("sampling_params") or {}).get("max_new_tokens")
+    limit = max_new_tokens(exchange.body)
     try:
         timing = core.timing(exchange.request_id, now)
     except KeyError:
         return 0.0
-    if not isinstance(limit, int) or timing.tokens <= 0 or timing.charged_s <= 0:
+    if limit is None or timing.tokens <= 0 or timing.charged_s <= 0:
         return 0.0
     return max(0, limit - timing.tokens) * timing.charged_s / timing.tokens
 
@@ -110,17 +116,16 @@ class Driver:
         core: Gateway,
         clock: GatewayClock,
         metrics: Metrics,
-        progress_every_tokens: int = 1,
         abort_upstream: bool = True,
-        opaque_poll_s: float = 5.0,
+        engine_poll_s: float = 3.0,
     ) -> None:
         self.core = core
         self.clock = clock
         self.metrics = metrics
         self.pool: EnginePool | None = None
         self.exchanges: dict[str, Exchange] = {}
-        self.progress_every_tokens = progress_every_tokens
-        self.opaque = OpaqueWatcher(self.handle, opaque_poll_s)  # progress for calls that cannot stream
+        # engine-level progress for the calls whose answer comes whole (real seconds between readings)
+        self.engine_watch = EngineWatcher(self.handle, clock.now, engine_poll_s)
         self.abort_upstream = abort_upstream
         self.on_end: list[Callable[[Exchange, Finished | GatewayError], None]] = []
         self.on_forget: list[Callable[[Exchange], None]] = []  # abandoned: the client left for good
@@ -181,6 +186,7 @@ class Driver:
             exchange = self.exchanges.pop(request_id, None)
             if exchange is not None:
                 exchange.cancel_upstream()
+                self.engine_watch.remove(request_id)
                 for callback in self.on_forget:
                     callback(exchange)
 
@@ -273,36 +279,15 @@ class Driver:
             route=exchange.route,
             body=body,
             headers=exchange.forward_headers,
-            progress_every_tokens=1 if exchange.client_streams else self.progress_every_tokens,
         )
         sink = _AttemptSink(self, exchange, command.attempt)
-        if not engine.client.can_stream(call):
-            self.opaque.add(engine.engine_id, engine.client, exchange.request_id, command.attempt)
-        else:  # without a task where the engine's client can (engines/push_call.py): the usual case
-            handle = start_delivery(
-                engine.client, call, sink, partial(self._attempt_ended, exchange, command.attempt)
+        if not exchange.client_streams:  # its answer comes whole: watched at engine level
+            self.engine_watch.add(
+                engine.engine_id, engine.client, exchange.request_id, command.attempt, max_new_tokens(body)
             )
-            if handle is not None:
-                exchange.upstream_task = handle
-                return
-        exchange.upstream_task = asyncio.get_running_loop().create_task(
-            self._run_attempt(exchange, engine.client, call, sink)
+        exchange.upstream_task = engine.client.start(
+            call, sink, partial(self._attempt_ended, exchange, command.attempt)
         )
-
-    async def _run_attempt(
-        self, exchange: Exchange, client: Any, call: UpstreamCall, sink: _AttemptSink
-    ) -> None:
-        request_id = exchange.request_id
-        engine_id = exchange.engine_id
-        try:
-            try:
-                await deliver(client, call, sink)
-            except UpstreamError as error:
-                self._attempt_ended(exchange, sink.attempt, error)
-            else:
-                self._attempt_ended(exchange, sink.attempt, None)
-        finally:
-            self.opaque.remove(engine_id, request_id)
 
     def _attempt_ended(self, exchange: Exchange, attempt: int, error: UpstreamError | None) -> None:
         """An attempt's upstream call returned (`error` None) or failed; what a stale attempt says is ignored."""
@@ -362,6 +347,7 @@ class Driver:
 
     def _end(self, exchange: Exchange, item: Finished | GatewayError) -> None:
         self._disconnected.discard(exchange.request_id)
+        self.engine_watch.remove(exchange.request_id)
         exchange.finish(item)
         for callback in self.on_end:
             callback(exchange, item)
@@ -376,6 +362,7 @@ class Driver:
             self.metrics.engine_seconds_saved.inc(_remaining_engine_s(exchange, self.core, self.clock.now()))
         attempt = exchange.attempt
         exchange.cancel_upstream()
+        self.engine_watch.remove(exchange.request_id)
         assert self.pool is not None
         engine = self.pool.engines.get(command.engine_id)
         if engine is not None and self.abort_upstream and attempt:
@@ -386,6 +373,8 @@ class Driver:
         engine = self.pool.engines.get(command.engine_id)
         if engine is not None:
             engine.state = command.state
+        if command.state == "quarantined":
+            self.metrics.quarantines.labels(engine=command.engine_id).inc()
         log.warning(
             "engine %s is %s %s",
             command.engine_id,
@@ -415,7 +404,7 @@ class Driver:
         return len(exchanges)
 
     async def close(self) -> None:
-        await self.opaque.close()
+        await self.engine_watch.close()
         if self._timer is not None:
             self._timer.cancel()
         for exchange in list(self.exchanges.values()):
@@ -448,7 +437,7 @@ class _AttemptSink:
         # event, and its verdicts come before any of the read's events reaches the client.
         driver.handle(ProgressReported(request_id=exchange.request_id, tokens=tokens, attempt=attempt))
         driver.metrics.generated_tokens.inc(tokens)
-        if exchange.ended:
+        if exchange.has_ended():
             return False  # an overdue verdict fired in `handle` and ended it (release_request ran)
         if not exchange.client_streams:
             assert exchange.assembler is not None

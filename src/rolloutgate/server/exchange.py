@@ -19,9 +19,8 @@ from typing import Any
 
 from rolloutgate.core.timing import TimingBreakdown
 from rolloutgate.engines.assemble import ResponseAssembler
-from rolloutgate.engines.base import Route, UpstreamError
+from rolloutgate.engines.base import Route, UpstreamError, UpstreamHandle
 from rolloutgate.engines.progress import has_index, index_of
-from rolloutgate.engines.push_call import UpstreamHandle
 from rolloutgate.errors import GatewayError, Unavailable
 from rolloutgate.server.continuation import GenerateStitcher
 from rolloutgate.server.deadlines import deadlines_of
@@ -186,11 +185,17 @@ class Exchange:
         self.subscribers.append(queue)
         return queue
 
-    def unsubscribe(self, queue: asyncio.Queue[OutboxItem]) -> bool:
+    def unsubscribe(self, queue: Outbox) -> bool:
         """Remove a subscriber; True if none is left (the client side is gone)."""
         if queue in self.subscribers:
             self.subscribers.remove(queue)
         return not self.subscribers
+
+    def has_ended(self) -> bool:
+        """`ended`, read afresh: for a check after a call that may have ended the exchange. mypy keeps an
+        attribute narrowed across calls, so a second `if exchange.ended:` would look unreachable to it (and
+        mypyc compiles an unreachable block into a RuntimeError)."""
+        return self.ended
 
     def finish(self, item: Finished | GatewayError) -> None:
         if not self.ended:

@@ -22,7 +22,8 @@ from rolloutgate.errors import PayloadTooLarge, Unavailable, UpstreamFailure
 from rolloutgate.server.attach import CachedOutcome, key_for
 from rolloutgate.server.auth import check_admin, check_api_key
 from rolloutgate.server.context import CONTEXT, GatewayContext
-from rolloutgate.server.exchange import Exchange, OutboxItem
+from rolloutgate.server.continuation import compact_json
+from rolloutgate.server.exchange import Exchange, Outbox
 from rolloutgate.server.guard import enter, error_response, guarded, leave
 from rolloutgate.server.respond import NO_TIMING, KeepAlive, keepalive_for, write_outcome
 from rolloutgate.server.validate import (
@@ -129,9 +130,11 @@ async def run_exchange(
     routing_key: str | None,
     attach_key: str | None = None,
     pinned_engine: str | None = None,
+    prompt_tokens: int | None = None,
 ) -> web.StreamResponse:
     """Submit one validated request, or attach it to its earlier attempt (`attach_key`, server/attach.py),
-    and answer its client."""
+    and answer its client. `prompt_tokens`: the prompt-length estimate, when the caller made it before it
+    compacted the body (`compact_body`); else it is made here."""
     driver = ctx.driver
     streams = bool(body.get("stream"))
     key = attach_key
@@ -146,7 +149,9 @@ async def run_exchange(
         if len(exchange.subscribers) == 1:
             driver.client_attached(exchange)
     else:
-        exchange, outbox = _submit(ctx, request, route, body, streams, routing_key, pinned_engine)
+        exchange, outbox = _submit(
+            ctx, request, route, body, streams, routing_key, pinned_engine, prompt_tokens
+        )
         if key and not found:
             ctx.attachments.register(key, exchange, driver.clock.now())
     keepalive = keepalive_for(
@@ -182,7 +187,8 @@ def _submit(
     streams: bool,
     routing_key: str | None,
     pinned_engine: str | None,
-) -> tuple[Exchange, asyncio.Queue[OutboxItem]]:
+    prompt_tokens: int | None,
+) -> tuple[Exchange, Outbox]:
     limits, priority = limits_for(ctx, request.headers)
     stream_options = body.get("stream_options")
     exchange = Exchange(
@@ -203,7 +209,7 @@ def _submit(
             limits=limits,
             routing_key=routing_key,
             priority=priority,
-            prompt_tokens=estimate_prompt_tokens(route, body),
+            prompt_tokens=estimate_prompt_tokens(route, body) if prompt_tokens is None else prompt_tokens,
             streaming=streams,
             pinned_engine=pinned_engine,
         ),
@@ -227,22 +233,53 @@ async def serve_inference(
     ctx: GatewayContext, request: web.Request, route: Route, routing_key: str | None
 ) -> web.StreamResponse:
     """Parse, validate and run one inference request (the front's routes and the session proxy)."""
-    body, attach_key = await _read_request(ctx, request, route, routing_key)
-    return await run_exchange(ctx, request, route, body, routing_key=routing_key, attach_key=attach_key)
+    body, attach_key, prompt_tokens = await _read_request(ctx, request, route, routing_key)
+    return await run_exchange(
+        ctx,
+        request,
+        route,
+        body,
+        routing_key=routing_key,
+        attach_key=attach_key,
+        prompt_tokens=prompt_tokens,
+    )
 
 
 async def _read_request(
     ctx: GatewayContext, request: web.Request, route: Route, routing_key: str | None
-) -> tuple[dict[str, Any], str | None]:
-    """Count, read, parse and validate an inference request: its body and its attach key. Raises GatewayError.
+) -> tuple[dict[str, Any], str | None, int]:
+    """Count, read, parse and validate an inference request: its body (compacted, `compact_body`), its
+    attach key and its prompt-length estimate. Raises GatewayError.
 
     The raw bytes are dropped here: a request's frames and aiohttp's request object live as long as its
-    generation, and a 100K-token prompt is ~600 KB of JSON (its parsed body stays: retries need it)."""
+    generation, and a 100K-token prompt is ~600 KB of JSON. Its body stays (retries need it), its token ids
+    as their compact JSON."""
     _route_counter(ctx, route).inc()
     raw = await read_body(request, ctx.settings.max_body_bytes)
     body = parse_body(raw, ctx.settings)
     validate_body(route, body, ctx.settings)
-    return body, key_for(request.headers, routing_key, raw) if ctx.engine_clock else None
+    prompt_tokens = estimate_prompt_tokens(route, body)
+    compact_body(route, body)
+    return body, key_for(request.headers, routing_key, raw) if ctx.engine_clock else None, prompt_tokens
+
+
+def compact_body(route: Route, body: dict[str, Any]) -> None:
+    """Replace a prompt given as token ids (`/generate`'s `input_ids`, a completions `prompt` list) by its
+    compact JSON (`compact_json`, server/continuation.py), which the engine adapters send verbatim.
+
+    A parsed token id costs ~36 bytes (an 8-byte list slot and a 28-byte int), ~5.6x its ~6.5 bytes of JSON:
+    a 100K-token prompt held as a list is ~3.6 MB for the whole of its generation (the exchange keeps the
+    body for retries), as JSON ~0.63 MB. Call after `validate_body` and `estimate_prompt_tokens`: neither
+    reads the compact form (`token_ids_of` does)."""
+    if route is Route.GENERATE:
+        name = "input_ids"
+    elif route is Route.COMPLETIONS:
+        name = "prompt"
+    else:
+        return
+    ids = body.get(name)
+    if type(ids) is list and ids and type(ids[0]) is not str:  # token ids, or a batch of them
+        body[name] = compact_json(ids)
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
@@ -285,9 +322,15 @@ def _inference(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResp
             try:
                 check_api_key(request, ctx.settings)
                 routing_key = routing_key_of(request)
-                body, attach_key = await _read_request(ctx, request, route, routing_key)
+                body, attach_key, prompt_tokens = await _read_request(ctx, request, route, routing_key)
                 return await run_exchange(
-                    ctx, request, route, body, routing_key=routing_key, attach_key=attach_key
+                    ctx,
+                    request,
+                    route,
+                    body,
+                    routing_key=routing_key,
+                    attach_key=attach_key,
+                    prompt_tokens=prompt_tokens,
                 )
             finally:
                 leave(ctx)

@@ -128,7 +128,7 @@ class _SampleCollector(Collector):
         self._read = read
 
     def collect(self) -> Iterable[Metric]:
-        families: dict[str, Metric] = {}
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
         for name, kind, help_text, labels, value in self._read():
             family = families.get(name)
             if family is None:
@@ -155,6 +155,12 @@ class Metrics:
         self.failures = Counter("rolloutgate_failures", "Requests failed, by reason", ["reason"], registry=r)
         self.aborts = Counter("rolloutgate_aborts_sent", "Aborts sent to engines", ["reason"], registry=r)
         self.redispatches = Counter("rolloutgate_redispatches", "Requests sent to another engine", registry=r)
+        self.quarantines = Counter(
+            "rolloutgate_engine_quarantines",
+            "Times an engine was caught hung and quarantined",
+            ["engine"],
+            registry=r,
+        )
         self.generated_tokens = LightCounter(
             "rolloutgate_generated_tokens", "Output tokens seen from engines", registry=r
         )
