@@ -120,7 +120,8 @@ class ChaosEngine:
             )
             await response.prepare(request)
             if cut_after is not None and upstream.content_type != "text/event-stream":
-                whole = await upstream.read()  # a whole answer (the gateway's non-streaming calls): cut in half
+                # a whole answer (the gateway's non-streaming calls): cut in half
+                whole = await upstream.read()
                 await response.write(whole[: len(whole) // 2])
                 return await self._cut(request, response)
             events = 0
