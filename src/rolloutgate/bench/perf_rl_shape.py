@@ -70,7 +70,7 @@ from rolloutgate.bench.perf_procs import (
     cpu_seconds,
     ensure_router_venv,
     machine_description,
-    process_tree,
+    rss_bytes,
     set_log_dir,
     start_gateway,
     start_router,
@@ -529,20 +529,6 @@ class _InFlight:
         self.bytes -= size
 
 
-def _tree_rss(pids: Iterable[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) * 1024
-                        break
-        except OSError:
-            continue
-    return total
-
-
 def _output_ids(answer: dict[str, Any]) -> list[int]:
     """The answer's output ids as miles reads them (`meta_info.output_token_logprobs`: [logprob, id, _])."""
     meta = answer.get("meta_info") or {}
@@ -820,8 +806,7 @@ def run_phase(
 
     _wait_idle(engine_urls, 30)
     _flush(engine_urls)
-    tree = process_tree(gateway.pid) if gateway is not None else []
-    idle_rss = _tree_rss(tree) if gateway is not None else None
+    idle_rss = rss_bytes(gateway.pid) if gateway is not None else None
     before = _engine_counters(engine_urls)
     io_before = _proc_io(sim.pid)
     sim_before = cpu_seconds(sim.pid)
@@ -836,7 +821,7 @@ def run_phase(
 
     def sample() -> None:
         while not stop.wait(SAMPLE_EVERY_S):
-            rss = _tree_rss(tree) if tree else 0
+            rss = rss_bytes(gateway.pid) if gateway is not None else 0
             samples.append(Sample(time.perf_counter() - began, tracker.count, tracker.bytes, rss))
 
     sampler = threading.Thread(target=sample, daemon=True)
