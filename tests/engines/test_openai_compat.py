@@ -91,3 +91,25 @@ async def test_probe_and_health(fake: FakeEngine, client: OpenAICompatClient) ->
     assert await client.health()  # no /health: /v1/models answers
     info = await client.probe()
     assert (info.family, info.capacity, info.models) == (EngineFamily.OPENAI, None, ("qwen",))
+
+
+async def test_a_non_streaming_clients_call_streams_too_for_want_of_a_load_signal(
+    fake: FakeEngine, client: OpenAICompatClient
+) -> None:
+    """A generic server reports no load, so engine-level progress cannot watch a whole-body call: its own
+    stream is the signal, and the driver does not put it under the engine watch (`reports_load`)."""
+    chunks = [
+        b'{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"ok"},"finish_reason":"stop"}]}',
+        b'{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}',
+    ]
+    fake.on_sse("POST", "/v1/chat/completions", chunks)
+    events = [
+        e
+        async for e in stream(
+            client, UpstreamCall(request_id="gw-4", route=Route.CHAT, body={"messages": []})
+        )
+    ]
+    assert [e.tokens for e in events] == [1, 0] and events[-1].is_gateway_only
+    sent = fake.last("/v1/chat/completions").body
+    assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
+    assert client.reports_load is False

@@ -175,6 +175,10 @@ class EngineClient(Protocol):
 
     url: str
     family: EngineFamily
+    # True when `load()` reports the engine's generated tokens: a non-streaming client's call is then answered
+    # whole and watched through it (server/engine_watch.py); False: the adapter streams every call, whose
+    # events are the only progress there is
+    reports_load: bool
 
     async def probe(self) -> EngineInfo:
         """Read the engine's family facts (capacity, models). Raises UpstreamError if unreachable."""

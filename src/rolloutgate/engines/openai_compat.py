@@ -1,6 +1,9 @@
 """Generic OpenAI-compatible adapter: any server speaking `/v1/chat/completions` and `/v1/completions`.
 
-Theory of operation: calls stream with `stream_options.include_usage` like the other families. There is no
+Theory of operation: every call streams with `stream_options.include_usage`, a non-streaming client's too (its
+answer is assembled from the stream): such a server has no load endpoint, so its own events are the only
+progress the gateway can see (the other families answer a non-streaming client's call whole and report
+their token counters instead). There is no
 abort API (closing the upstream connection is the abort, which the server does by closing the iterator), no
 pause API (`pause`/`resume` fail clearly; the gateway can still pause by not dispatching), no capacity fact
 (the server falls back to its configured capacity) and no load endpoint.
@@ -35,6 +38,7 @@ class OpenAICompatClient:
     """One generic OpenAI-compatible server. Holds no request state."""
 
     family = EngineFamily.OPENAI
+    reports_load = False  # no load endpoint: every call streams, its events are its progress
 
     def __init__(
         self, url: str, session: aiohttp.ClientSession, *, timeouts: ControlTimeouts | None = None
@@ -54,7 +58,8 @@ class OpenAICompatClient:
         return start_generation(
             self._upstream,
             call.route.value,
-            lambda: orjson.dumps(upstream_body(call.body)),
+            # no load endpoint, so no engine-level progress: every call streams (its events are the signal)
+            lambda: orjson.dumps(upstream_body(call.body, stream=True)),
             headers=call.headers,
             connect_s=self._timeouts.connect_s,
             decoder=OpenAIDecoder(self._hint, wants_usage=client_wants_usage(call.body)),

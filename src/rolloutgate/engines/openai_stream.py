@@ -24,13 +24,14 @@ def client_wants_usage(body: Mapping[str, Any]) -> bool:
     return bool(body.get("stream")) and isinstance(options, dict) and bool(options.get("include_usage"))
 
 
-def upstream_body(body: Mapping[str, Any]) -> dict[str, Any]:
+def upstream_body(body: Mapping[str, Any], *, stream: bool | None = None) -> dict[str, Any]:
     """A copy of the client's body as it goes to the engine. A streaming client's call streams and ends with a
     usage frame (the client's other `stream_options` are kept); any other call is sent as it came and answered
     as one whole body: OpenAI chunks carry ~200 bytes of envelope per token, so streaming it to watch its
-    progress would multiply the engine's output work (engine-level load watches it instead)."""
+    progress would multiply the engine's output work (engine-level load watches it instead). `stream=True`:
+    stream it whatever the client asked (an engine without a load signal: its events are the only one)."""
     rewritten = dict(body)
-    if not body.get("stream"):
+    if not (body.get("stream") if stream is None else stream):
         return rewritten
     rewritten["stream"] = True
     options = body.get("stream_options")

@@ -76,6 +76,7 @@ class SglangClient:
     """One SGLang engine. Holds no request state; `probe()` refreshes the facts assembly needs."""
 
     family = EngineFamily.SGLANG
+    reports_load = True  # /metrics' token counter or /v1/loads: engine-level progress
 
     def __init__(
         self, url: str, session: aiohttp.ClientSession, *, timeouts: ControlTimeouts | None = None

@@ -72,6 +72,7 @@ class VllmClient:
     """One vLLM engine. Holds no request state."""
 
     family = EngineFamily.VLLM
+    reports_load = True  # /metrics' token counter: engine-level progress
 
     def __init__(
         self, url: str, session: aiohttp.ClientSession, *, timeouts: ControlTimeouts | None = None

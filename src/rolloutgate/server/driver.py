@@ -281,7 +281,7 @@ class Driver:
             headers=exchange.forward_headers,
         )
         sink = _AttemptSink(self, exchange, command.attempt)
-        if not exchange.client_streams:  # its answer comes whole: watched at engine level
+        if not exchange.client_streams and engine.client.reports_load:  # answered whole: engine-level watch
             self.engine_watch.add(
                 engine.engine_id, engine.client, exchange.request_id, command.attempt, max_new_tokens(body)
             )
