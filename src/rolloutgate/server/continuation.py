@@ -27,29 +27,13 @@ import orjson
 
 from rolloutgate.engines.assemble import ResponseAssembler
 from rolloutgate.engines.base import Route, UpstreamEvent
+from rolloutgate.server.prompt_ids import compact_json, token_ids_of
 
-__all__ = ("CannotContinue", "GenerateStitcher", "compact_json", "continuation_body", "token_ids_of")
+__all__ = ("CannotContinue", "GenerateStitcher", "continuation_body")
 
 
 class CannotContinue(Exception):
     pass
-
-
-def compact_json(value: Any) -> orjson.Fragment:
-    """`value` as its compact JSON, which `orjson.dumps` (every engine adapter's) writes back verbatim: what
-    the front keeps of a prompt given as token ids (server/front.py, `compact_body`). Read it back with
-    `token_ids_of`.
-
-    A copy of orjson's output at its size: orjson allocates far more than it writes (16.6 MB for the 0.63 MB
-    of 100K ids), pages that cost no RSS untouched but are address space for as long as the value is kept."""
-    return orjson.Fragment(bytes(memoryview(orjson.dumps(value))))
-
-
-def token_ids_of(value: Any) -> Any:
-    """A body field as parsed JSON: a `compact_json` Fragment parsed back; any other value as it is."""
-    if isinstance(value, orjson.Fragment):
-        return orjson.loads(orjson.dumps(value))  # dumps writes a Fragment's bytes verbatim
-    return value
 
 
 def _remaining(limit: Any, delivered: int) -> int | None:

@@ -22,14 +22,13 @@ from rolloutgate.errors import PayloadTooLarge, Unavailable, UpstreamFailure
 from rolloutgate.server.attach import CachedOutcome, key_for
 from rolloutgate.server.auth import check_admin, check_api_key
 from rolloutgate.server.context import CONTEXT, GatewayContext
-from rolloutgate.server.continuation import compact_json
 from rolloutgate.server.exchange import Exchange, Outbox
 from rolloutgate.server.guard import enter, error_response, guarded, leave
 from rolloutgate.server.respond import NO_TIMING, KeepAlive, keepalive_for, write_outcome
 from rolloutgate.server.validate import (
     NO_OVERRIDES,
     estimate_prompt_tokens,
-    parse_body,
+    parse_inference_body,
     parse_overrides,
     validate_body,
 )
@@ -133,8 +132,8 @@ async def run_exchange(
     prompt_tokens: int | None = None,
 ) -> web.StreamResponse:
     """Submit one validated request, or attach it to its earlier attempt (`attach_key`, server/attach.py),
-    and answer its client. `prompt_tokens`: the prompt-length estimate, when the caller made it before it
-    compacted the body (`compact_body`); else it is made here."""
+    and answer its client. `prompt_tokens`: the prompt-length estimate, when the caller has it; else it is
+    made here."""
     driver = ctx.driver
     streams = bool(body.get("stream"))
     key = attach_key
@@ -248,38 +247,17 @@ async def serve_inference(
 async def _read_request(
     ctx: GatewayContext, request: web.Request, route: Route, routing_key: str | None
 ) -> tuple[dict[str, Any], str | None, int]:
-    """Count, read, parse and validate an inference request: its body (compacted, `compact_body`), its
-    attach key and its prompt-length estimate. Raises GatewayError.
+    """Count, read, parse and validate an inference request: its body (a prompt of token ids kept as its
+    JSON: server/prompt_ids.py), its attach key and its prompt-length estimate. Raises GatewayError.
 
     The raw bytes are dropped here: a request's frames and aiohttp's request object live as long as its
-    generation, and a 100K-token prompt is ~600 KB of JSON. Its body stays (retries need it), its token ids
-    as their compact JSON."""
+    generation, and a 100K-token prompt is ~650 KB of JSON. Its body stays (retries need it)."""
     _route_counter(ctx, route).inc()
     raw = await read_body(request, ctx.settings.max_body_bytes)
-    body = parse_body(raw, ctx.settings)
+    body, prompt_ids = parse_inference_body(raw, route, ctx.settings)
     validate_body(route, body, ctx.settings)
-    prompt_tokens = estimate_prompt_tokens(route, body)
-    compact_body(route, body)
+    prompt_tokens = estimate_prompt_tokens(route, body) if prompt_ids is None else prompt_ids
     return body, key_for(request.headers, routing_key, raw) if ctx.engine_clock else None, prompt_tokens
-
-
-def compact_body(route: Route, body: dict[str, Any]) -> None:
-    """Replace a prompt given as token ids (`/generate`'s `input_ids`, a completions `prompt` list) by its
-    compact JSON (`compact_json`, server/continuation.py), which the engine adapters send verbatim.
-
-    A parsed token id costs ~36 bytes (an 8-byte list slot and a 28-byte int), ~5.6x its ~6.5 bytes of JSON:
-    a 100K-token prompt held as a list is ~3.6 MB for the whole of its generation (the exchange keeps the
-    body for retries), as JSON ~0.63 MB. Call after `validate_body` and `estimate_prompt_tokens`: neither
-    reads the compact form (`token_ids_of` does)."""
-    if route is Route.GENERATE:
-        name = "input_ids"
-    elif route is Route.COMPLETIONS:
-        name = "prompt"
-    else:
-        return
-    ids = body.get(name)
-    if type(ids) is list and ids and type(ids[0]) is not str:  # token ids, or a batch of them
-        body[name] = compact_json(ids)
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:

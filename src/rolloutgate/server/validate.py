@@ -15,12 +15,14 @@ import orjson
 from rolloutgate.config import GatewaySettings
 from rolloutgate.engines.base import Route
 from rolloutgate.errors import BadRequest, PayloadTooLarge
+from rolloutgate.server.prompt_ids import FIELD_WISE_FROM, IDS_FIELD, parse_fields, token_ids_of
 
 __all__ = (
     "NO_OVERRIDES",
     "Overrides",
     "estimate_prompt_tokens",
     "parse_body",
+    "parse_inference_body",
     "parse_overrides",
     "validate_body",
 )
@@ -56,6 +58,18 @@ def parse_body(raw: bytes, settings: GatewaySettings) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     return body
+
+
+def parse_inference_body(
+    raw: bytes, route: Route, settings: GatewaySettings
+) -> tuple[dict[str, Any], int | None]:
+    """An inference request's body, and its prompt's token-id count where the body keeps them as their JSON
+    (a large body: server/prompt_ids.py). Raises BadRequest, PayloadTooLarge."""
+    if len(raw) < FIELD_WISE_FROM:
+        return parse_body(raw, settings), None
+    if len(raw) > settings.max_body_bytes:
+        raise PayloadTooLarge(f"request body is {len(raw)} bytes; the limit is {settings.max_body_bytes}")
+    return parse_fields(raw, route)
 
 
 # The typed fields every route may carry: (name, allowed types, what the error calls them), in check order.
@@ -117,17 +131,19 @@ def validate_body(route: Route, body: dict[str, Any], settings: GatewaySettings)
                 )
     elif route is Route.COMPLETIONS:
         prompt = body.get("prompt")
-        if not isinstance(prompt, str | list) or (isinstance(prompt, list) and not prompt):
+        if not isinstance(prompt, str | list | orjson.Fragment) or (isinstance(prompt, list) and not prompt):
             raise BadRequest(
                 "'prompt' must be a string or a non-empty array", param="prompt", code="invalid_type"
             )
     else:  # /generate
         has_text = isinstance(body.get("text"), str | list)
-        has_ids = isinstance(body.get("input_ids"), list)
+        has_ids = isinstance(body.get("input_ids"), list | orjson.Fragment)  # a Fragment: kept ids
         if has_text == has_ids:
             raise BadRequest(
                 "exactly one of 'text' and 'input_ids' is required", param="text", code="invalid_type"
             )
+        if body.get("input_ids") == []:
+            raise BadRequest("'input_ids' must be a non-empty array", param="input_ids", code="invalid_value")
         _expect(body, "sampling_params", (dict,), "an object")
         _expect(body, "rid", (str,), "a string")
         params = body.get("sampling_params") or {}
@@ -176,10 +192,15 @@ def parse_overrides(headers: Any, settings: GatewaySettings) -> Overrides:
 
 
 def estimate_prompt_tokens(route: Route, body: dict[str, Any]) -> int:
-    """A cheap prompt-length estimate (~4 characters a token) for placement and prefill budgets."""
-    if route is Route.GENERATE and isinstance(body.get("input_ids"), list):
-        ids = body["input_ids"]
-        return len(ids[0]) if ids and isinstance(ids[0], list) else len(ids)
+    """A cheap prompt-length estimate (~4 characters a token) for placement and prefill budgets: exact for a
+    prompt of token ids (a batch's: all of them)."""
+    ids = body.get(IDS_FIELD.get(route, ""))
+    if isinstance(ids, orjson.Fragment):
+        ids = token_ids_of(ids)  # kept ids whose count was not carried (a body built by the gateway)
+    if isinstance(ids, list) and ids and isinstance(ids[0], list):
+        return sum(len(prompt) for prompt in ids if isinstance(prompt, list))
+    if isinstance(ids, list) and ids and isinstance(ids[0], int):
+        return len(ids)
     if route is Route.CHAT:
         chars = 0
         for message in body.get("messages", ()):
@@ -192,6 +213,4 @@ def estimate_prompt_tokens(route: Route, body: dict[str, Any]) -> int:
     text = body.get("prompt") if route is Route.COMPLETIONS else body.get("text")
     if isinstance(text, str):
         return len(text) // 4 + 1
-    if isinstance(text, list) and text and isinstance(text[0], int):
-        return len(text)
     return 1
