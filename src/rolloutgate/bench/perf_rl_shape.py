@@ -102,7 +102,9 @@ VOCAB_SIZE = 151_936  # the simulator's accepted id range (sim/tokens.py)
 FIRST_ID = 3  # pad, bos, eos below
 # shared by every session (a system prompt): cross-session cache hits, as in miles
 SYSTEM_PREFIX_TOKENS = 1024
-PATHS = ("direct", "rolloutgate", "sglang-router")
+# direct-again: the direct phase once more, last, so the paired latency of a phase against itself shows how
+# much of a gateway's paired figure is this machine's and the simulator's own turn-to-turn noise
+PATHS = ("direct", "rolloutgate", "sglang-router", "direct-again")
 GATEWAYS = ("rolloutgate", "sglang-router")
 ROUTING_HEADER = "X-SMG-Routing-Key"
 SAMPLE_EVERY_S = 0.25
@@ -1009,6 +1011,18 @@ def goals(phases: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                     f"{direct[f'latency_p{q}_s']:.2f} s, {unpaired:+.2f}%)"
                     + (" (a phase was cut: over the turns each answered)" if cut else ""),
                     "verdict": verdict(value, GOAL_ADDED_LATENCY_PCT),
+                }
+            )
+    again = phases.get("direct-again")
+    for q in (50, 99):
+        value = None if again is None or direct is None else paired_added_pct(again, direct, q)
+        if value is not None:
+            rows.append(
+                {
+                    "goal": f"the noise floor: direct again over direct, p{q} of the turns (no goal)",
+                    "value": value,
+                    "measured": f"{value:+.2f}%",
+                    "verdict": "reference",
                 }
             )
     return rows

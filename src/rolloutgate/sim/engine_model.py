@@ -451,7 +451,8 @@ class EngineModel:
             req.first_token_at = at if times is None else times[0]
             if not req.internal:
                 self.stats.ttft.observe(req.first_token_at - req.submitted_at)
-        if req.emit_log is not None:
+        wanted = req.completion_tokens + count >= req.notify_from
+        if wanted and req.emit_log is not None:
             req.emit_log.append((req.completion_tokens, count, at, times))
         req.completion_tokens += count
         self._kv_used += count
@@ -460,7 +461,8 @@ class EngineModel:
             self.stats.generated_tokens_total += count
         if req.token_times is not None:
             req.token_times.extend(times if times is not None else [at] * count)
-        self._touched[id(req)] = req
+        if wanted:
+            self._touched[id(req)] = req
         if req.completion_tokens >= req.limit:
             self._finish_by_limit(req, at)
 

@@ -249,6 +249,10 @@ class StreamCursor:
             self.sent = events[-1][0]
         return events
 
+    def next_mark(self) -> int:
+        """The token count of the next non-final event."""
+        return 1 if self.sent == 0 else (self.sent // self.interval + 1) * self.interval
+
 
 async def wait_change(event: asyncio.Event) -> None:
     await event.wait()

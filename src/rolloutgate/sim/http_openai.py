@@ -33,7 +33,7 @@ from rolloutgate.sim.http_common import (
 from rolloutgate.sim.output import OpenAIFormatter
 from rolloutgate.sim.output_path import token_ready_at
 from rolloutgate.sim.params import BadRequest, GenParams, parse_chat, parse_completion
-from rolloutgate.sim.request import SimRequest
+from rolloutgate.sim.request import ONLY_AT_END, SimRequest
 
 if TYPE_CHECKING:
     from rolloutgate.sim.engine import SimEngine
@@ -127,6 +127,8 @@ class OpenAIRoutes:
         req.listener = listener
         if params.stream:
             req.emit_log = deque()  # when each streamed token was produced (sim/output_path.py)
+        else:
+            req.notify_from = ONLY_AT_END
         try:
             self.submit(request, [req])
         except BadRequest as exc:
@@ -195,6 +197,7 @@ class OpenAIRoutes:
                         sent_role = True
                     frames.append(Frame(ready, sse(fmt.delta_chunk(sent, count, final=final))))
                     sent = count
+                req.notify_from = cursor.next_mark()
                 if cursor.done:
                     if params.include_usage:
                         frames.append(

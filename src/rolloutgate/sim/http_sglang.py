@@ -33,7 +33,7 @@ from rolloutgate.sim.http_openai import OpenAIRoutes
 from rolloutgate.sim.output import TokenView, generate_item
 from rolloutgate.sim.output_path import token_ready_at
 from rolloutgate.sim.params import BadRequest, GenParams, parse_generate
-from rolloutgate.sim.request import SimRequest
+from rolloutgate.sim.request import ONLY_AT_END, SimRequest
 
 if TYPE_CHECKING:
     from rolloutgate.sim.engine import SimEngine
@@ -141,9 +141,11 @@ class SGLangRoutes:
             await self.engine.wait_open()
             listener = asyncio.Event()
             reqs = [self.new_request(p, p.rid, listener) for p in items]
-            if items[0].stream:
-                for req in reqs:
+            for req in reqs:
+                if items[0].stream:
                     req.emit_log = deque()  # when each streamed token was produced (sim/output_path.py)
+                else:
+                    req.notify_from = ONLY_AT_END
             try:
                 self.submit_all(request, reqs)
             except BadRequest as exc:
@@ -212,6 +214,7 @@ class SGLangRoutes:
                                 req, view, params, count, engine.weight_version, index, batch
                             )
                             frames.append(Frame(ready, sse(item), rebuild=rebuild))
+                    req.notify_from = cursor.next_mark()
                 finished = all(c.done for c in cursors)
                 if frames or finished:
                     await writer.send(frames, DONE if finished else b"")

@@ -14,7 +14,9 @@ from typing import Any
 
 from rolloutgate.sim import tokens
 
-__all__ = ("FinishReason", "RequestState", "SimRequest")
+__all__ = ("ONLY_AT_END", "FinishReason", "RequestState", "SimRequest")
+
+ONLY_AT_END = 1 << 62  # `SimRequest.notify_from` of a request whose handler waits for its end only
 
 
 class RequestState(enum.Enum):
@@ -64,6 +66,7 @@ class SimRequest:
         "key",
         "listener",
         "max_new_tokens",
+        "notify_from",
         "num_retractions",
         "prefill_target",
         "prefilled",
@@ -118,6 +121,12 @@ class SimRequest:
         # streamed requests (set by the HTTP layer): one (tokens before, count, at, times or None) per token
         # burst, consumed by the handler to know when each streamed token was produced (sim/output_path.py)
         self.emit_log: deque[tuple[int, int, float, list[float] | None]] | None = None
+        # the token count from which its handler wants to hear of progress (a stream's next mark; ONLY_AT_END
+        # for a whole answer; its end is always told): token bursts before it wake no handler and are not
+        # logged. Behind 128 streams at stream_interval 2^30 (the gateway's progress signal) a log of every
+        # burst held ~4M tuples and made the garbage collector the simulator's largest cost, and a wake per
+        # engine step per request was its next
+        self.notify_from = 1
         self.answered_at: float | None = None  # its answer's last chunk or body left the output path
         self.listener: Any = None  # set by the driver's user (an asyncio.Event); the model never reads it
 
