@@ -108,7 +108,9 @@ class GatewaySettings(BaseSettings):
     result_cache_entries: int = Field(default=10_000, ge=0)
 
     health_interval: float = Field(default=5.0, gt=0)
-    health_timeout: float = Field(default=20.0, gt=0)
+    # under SGLang's own 20 s (SGLANG_HEALTH_CHECK_TIMEOUT): a check that waits behind a pause gives up first,
+    # and the readiness read right after it still sees the pause before SGLang marks itself unhealthy
+    health_timeout: float = Field(default=15.0, gt=0)
     health_failures: int = Field(default=3, ge=1)
 
     admin_token: str | None = None

@@ -87,3 +87,16 @@ def test_next_expiry_skips_entries_evicted_or_replaced() -> None:
     idx.finished("r1", 1.0)
     assert idx.finished("r2", 2.0) == ["r1"]  # r1 evicted: its expiry (11.0) is stale
     assert idx.next_expiry_at() == 12.0
+
+
+def test_a_session_result_read_in_full_is_forgotten_an_explicit_keys_is_kept() -> None:
+    idx = AttachIndex(ttl_s=10.0)
+    session, explicit = attach_key(session_id="s", body_hash="h"), attach_key(idempotency_key="k")
+    assert session is not None and explicit is not None
+    for key, rid in ((session, "r1"), (explicit, "r2")):
+        idx.register(key, rid, 0.0)
+        idx.finished(rid, 1.0)
+    assert not idx.delivered(session, "other")  # a key that names another request: kept
+    assert idx.delivered(session, "r1") and idx.lookup(session, 2.0) is None
+    assert not idx.delivered(explicit, "r2") and idx.lookup(explicit, 2.0) is not None
+    assert idx.expire(11.0) == ["r2"]  # the forgotten entry's expiry is skipped

@@ -10,7 +10,14 @@ import orjson
 import pytest
 from aiohttp import web
 
-from rolloutgate.engines.base import EngineFamily, Route, UpstreamCall, UpstreamError, UpstreamEvent
+from rolloutgate.engines.base import (
+    EngineFamily,
+    Readiness,
+    Route,
+    UpstreamCall,
+    UpstreamError,
+    UpstreamEvent,
+)
 from rolloutgate.engines.http import ControlTimeouts
 from rolloutgate.engines.sglang import FIRST_AND_LAST, SglangClient, sglang_capacity
 from tests.engines.started import collect as collect_events
@@ -370,6 +377,17 @@ async def test_health(fake: FakeEngine, client: SglangClient, session: aiohttp.C
     fake.on("GET", "/health", slow)
     impatient = SglangClient(fake.url, session, timeouts=ControlTimeouts(health_s=0.2))
     assert not await impatient.health()  # no answer within health_s
+
+
+async def test_readiness_reads_ready_then_ping(fake: FakeEngine, client: SglangClient) -> None:
+    assert await client.readiness() is None  # a version without /ready
+    fake.on_json("GET", "/ready", None)
+    assert await client.readiness() is Readiness.READY
+    fake.on_json("GET", "/ready", None, status=503)
+    fake.on_json("GET", "/ping", None)
+    assert await client.readiness() is Readiness.PAUSED  # not ready, though healthy: paused
+    fake.on_json("GET", "/ping", None, status=503)
+    assert await client.readiness() is Readiness.NOT_READY  # marked unhealthy (or starting)
 
 
 async def test_load_from_v1_loads(fake: FakeEngine, client: SglangClient) -> None:

@@ -11,7 +11,14 @@ import pytest
 from aiohttp import web
 
 from rolloutgate.engines.assemble import assemble
-from rolloutgate.engines.base import EngineFamily, Route, UpstreamCall, UpstreamError, UpstreamEvent
+from rolloutgate.engines.base import (
+    EngineFamily,
+    Readiness,
+    Route,
+    UpstreamCall,
+    UpstreamError,
+    UpstreamEvent,
+)
 from rolloutgate.engines.vllm import VllmClient, vllm_capacity
 from tests.engines.started import collect as collect_events
 from tests.engines.started import stream
@@ -133,6 +140,16 @@ async def test_abort_names_every_id_form_and_tolerates_no_dev_mode(
     fake.on_json("POST", "/abort_requests", {"status": "aborted", "aborted": 1})
     await client.abort("gw-2")
     assert fake.last("/abort_requests").body == {"request_ids": ["gw-2", "chatcmpl-gw-2", "cmpl-gw-2"]}
+
+
+async def test_readiness_from_is_paused_in_dev_mode_only(fake: FakeEngine, client: VllmClient) -> None:
+    assert await client.readiness() is None  # 404 without VLLM_SERVER_DEV_MODE
+    fake.on_json("GET", "/is_paused", {"is_paused": True})
+    assert await client.readiness() is Readiness.PAUSED
+    fake.on_json("GET", "/is_paused", {"is_paused": False})
+    assert await client.readiness() is Readiness.READY
+    fake.on_json("GET", "/is_paused", {"paused": "yes"})
+    assert await client.readiness() is None  # a shape it does not know
 
 
 async def test_probe_with_and_without_dev_mode(fake: FakeEngine, client: VllmClient) -> None:

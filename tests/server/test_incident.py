@@ -15,21 +15,16 @@ import pytest
 
 from rolloutgate.sim.faults import Fault
 from tests.server.conftest import MakeCluster, MakeGateway
-from tests.server.users_path import A_TOKENS, gateway_error, generate_body, quarantines, run_request_a
+from tests.server.users_path import (
+    A_TOKENS,
+    final_timing,
+    gateway_error,
+    generate_body,
+    quarantines,
+    run_request_a,
+)
 
 SCALE = 50.0
-
-
-def parse_timing(header: str) -> dict[str, float]:
-    return {k: float(v) for k, v in (part.split("=") for part in header.split(";"))}
-
-
-def final_timing(response: httpx.Response) -> dict[str, float]:
-    """The final breakdown: in the body when keep-alive committed the headers early, else in the header."""
-    in_body = response.json().get("rolloutgate_timing")
-    if in_body is not None:
-        return {k.removesuffix("_s"): v for k, v in in_body.items() if isinstance(v, int | float)}
-    return parse_timing(response.headers["X-Rolloutgate-Timing"])
 
 
 @pytest.mark.parametrize("clock", ["engine", "wallclock"])

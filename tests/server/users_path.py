@@ -75,3 +75,15 @@ def gateway_error(response: httpx.Response) -> tuple[int, dict[str, Any]]:
     if status == 200:  # committed by keep-alive: the status the error would have had
         status = {"timeout": 504}.get(error["error"]["code"], status)
     return status, error["error"]
+
+
+def parse_timing(header: str) -> dict[str, float]:
+    return {k: float(v) for k, v in (part.split("=") for part in header.split(";"))}
+
+
+def final_timing(response: httpx.Response) -> dict[str, float]:
+    """The final breakdown: in the body when keep-alive committed the headers early, else in the header."""
+    in_body = response.json().get("rolloutgate_timing")
+    if in_body is not None:
+        return {k.removesuffix("_s"): v for k, v in in_body.items() if isinstance(v, int | float)}
+    return parse_timing(response.headers["X-Rolloutgate-Timing"])

@@ -996,19 +996,26 @@ def goals(phases: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         cut = bool(phase.get("phase_cut_at_cap") or direct.get("phase_cut_at_cap"))
         for q in (50, 99):
-            # paired: each turn against the same turn sent directly (the same prompt, length and session), so
-            # the other processes' share of this machine's CPU moves both sides of each pair alike
-            value = paired_added_pct(phase, direct, q)
+            # p50: paired, each turn against the same turn sent directly (the same prompt, length and session),
+            # so the other processes' share of this machine's CPU moves both sides of each pair alike. p99: the
+            # phases' own p99 against each other; the p99 of the paired per-turn figures is the tail of the
+            # turn-to-turn noise instead (the direct phase run again shows it: its noise-floor rows)
+            paired = paired_added_pct(phase, direct, q)
             unpaired = added_pct(phase.get(f"latency_p{q}_s"), direct.get(f"latency_p{q}_s"))
+            value = paired if q == 50 else unpaired
+            if q == 50:
+                detail = f"the phases' p50: {phase['latency_p50_s']:.2f} s vs {direct['latency_p50_s']:.2f} s, {unpaired:+.2f}%"
+            else:
+                detail = f"{phase['latency_p99_s']:.2f} s vs {direct['latency_p99_s']:.2f} s; paired per turn {paired:+.2f}%"
             rows.append(
                 {
-                    "goal": f"added turn latency via {name} over direct, p{q} of the turns, "
-                    f"<= {GOAL_ADDED_LATENCY_PCT:g}% of the turn",
+                    "goal": f"added turn latency via {name} over direct, p{q} of the turns"
+                    + (" (paired)" if q == 50 else " (the phases' p99)")
+                    + f", <= {GOAL_ADDED_LATENCY_PCT:g}% of the turn",
                     "value": value,
                     "measured": "-"
-                    if value is None
-                    else f"{value:+.2f}% (the phases' p{q}: {phase[f'latency_p{q}_s']:.2f} s vs "
-                    f"{direct[f'latency_p{q}_s']:.2f} s, {unpaired:+.2f}%)"
+                    if value is None or paired is None or unpaired is None
+                    else f"{value:+.2f}% ({detail})"
                     + (" (a phase was cut: over the turns each answered)" if cut else ""),
                     "verdict": verdict(value, GOAL_ADDED_LATENCY_PCT),
                 }

@@ -14,7 +14,10 @@ and they must both generate.
 
 Live entries stay until the request ends (`finished`, or `discard` when it failed or was cancelled, so a retry
 starts afresh). Finished entries are kept `ttl_s` after finishing and at most `max_finished` of them, least
-recently used first out. Time comes in as `now`; `expire(now)` drops what has expired in O(expired), and
+recently used first out. A session's entry (no explicit key) goes as soon as a client has read the result in
+full (`delivered`): a session retries only what it did not get, and a kept answer (~160 KB for a 5K-token
+logprob `/generate`) held for every turn of a busy job for `ttl_s` was most of the gateway's memory (make
+bench-rl). An explicit key keeps its result for `ttl_s` whatever happened to it, as idempotency keys do. Time comes in as `now`; `expire(now)` drops what has expired in O(expired), and
 `next_expiry_at()` tells the driver when to call it. The edge stores the result bytes, keyed by request id, and
 drops them when this index no longer names them (`expire` returns the dropped request ids).
 
@@ -29,7 +32,7 @@ import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-__all__ = ("AttachEntry", "AttachIndex", "attach_key")
+__all__ = ("AttachEntry", "AttachIndex", "attach_key", "is_session_key")
 
 
 def attach_key(
@@ -41,6 +44,11 @@ def attach_key(
     if session_id and body_hash:
         return f"session:{session_id}:{body_hash}"
     return None
+
+
+def is_session_key(key: str) -> bool:
+    """True for a key made of the session and the body (no explicit idempotency key)."""
+    return key.startswith("session:")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,6 +96,15 @@ class AttachIndex:
             return None
         self._finished.move_to_end(key)
         return AttachEntry(request_id=found[0], is_finished=True, expires_at=found[1])
+
+    def delivered(self, key: str, request_id: str) -> bool:
+        """A client read the finished result of `request_id` in full: forget a session key's entry. False if
+        the entry stays (an explicit key) or `key` does not name it (any more)."""
+        found = self._finished.get(key)
+        if not is_session_key(key) or found is None or found[0] != request_id:
+            return False
+        del self._finished[key]  # its expiry entry is skipped by `expire` (the key no longer names it)
+        return True
 
     def finished(self, request_id: str, now: float) -> list[str]:
         """The request finished successfully: keep its entry for `ttl_s`. Returns request ids evicted (LRU)."""

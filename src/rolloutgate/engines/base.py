@@ -31,6 +31,7 @@ __all__ = (
     "EngineInfo",
     "EngineLoad",
     "EventSink",
+    "Readiness",
     "Route",
     "UpstreamCall",
     "UpstreamError",
@@ -170,6 +171,14 @@ class UpstreamError(Exception):
         self.unreachable = unreachable
 
 
+class Readiness(enum.Enum):
+    """What an engine says of its own generation (`EngineClient.readiness`)."""
+
+    READY = "ready"
+    PAUSED = "paused"  # its generation is paused, by whoever paused it (a trainer, directly)
+    NOT_READY = "not_ready"  # neither: starting, unhealthy, or (SGLang) paused after a failed health probe
+
+
 class EngineClient(Protocol):
     """One engine. Implementations share one aiohttp session per gateway and hold no request state."""
 
@@ -186,6 +195,11 @@ class EngineClient(Protocol):
 
     async def health(self) -> bool:
         """True if the engine answers its health endpoint with success."""
+        ...
+
+    async def readiness(self) -> Readiness | None:
+        """Whether the engine says its generation is paused, from cheap flag endpoints that never block on
+        a pause (None: this engine cannot say, or did not answer)."""
         ...
 
     def start(self, call: UpstreamCall, on_events: EventSink, on_end: EndSink) -> UpstreamHandle:

@@ -398,6 +398,15 @@ async def is_ok(session: aiohttp.ClientSession, url: str, *, limits: aiohttp.Cli
         return False
 
 
+async def status_of(session: aiohttp.ClientSession, url: str, *, limits: aiohttp.ClientTimeout) -> int | None:
+    """The HTTP status GET `url` answers; None if it answered nothing (never raises, except cancel)."""
+    try:
+        async with session.get(url, timeout=limits) as resp:
+            return resp.status
+    except (aiohttp.ClientError, OSError):  # TimeoutError is an OSError
+        return None
+
+
 _SAMPLE = re.compile(rb"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)", re.MULTILINE)
 
 

@@ -21,6 +21,7 @@ from rolloutgate.engines.base import (
     EngineFamily,
     EngineInfo,
     EngineLoad,
+    Readiness,
     Route,
     UpstreamCall,
     UpstreamError,
@@ -80,6 +81,9 @@ class OpenAICompatClient:
         if await is_ok(self._session, self.url + "/health", limits=limits):
             return True
         return await is_ok(self._session, self.url + "/v1/models", limits=limits)
+
+    async def readiness(self) -> Readiness | None:
+        return None  # an OpenAI-compatible server has no pause
 
     async def load(self) -> EngineLoad:
         raise UpstreamError("a generic OpenAI-compatible engine reports no load", retryable=False)

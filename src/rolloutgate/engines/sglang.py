@@ -35,6 +35,7 @@ from rolloutgate.engines.base import (
     EngineFamily,
     EngineInfo,
     EngineLoad,
+    Readiness,
     Route,
     UpstreamCall,
     UpstreamError,
@@ -56,6 +57,7 @@ from rolloutgate.engines.http import (
     parse_prometheus,
     positive_int,
     post_json,
+    status_of,
 )
 from rolloutgate.engines.openai_stream import client_wants_usage, upstream_body
 from rolloutgate.engines.push_call import start_generation
@@ -173,6 +175,21 @@ class SglangClient:
         return await is_ok(
             self._session, self.url + "/health", limits=self._timeouts.control(self._timeouts.health_s)
         )
+
+    async def readiness(self) -> Readiness | None:
+        """SGLang 0.5: `/ready` answers 503 while generation is paused or the server is marked unhealthy;
+        `/ping` gives the health flag alone, whatever the pause (http_server.py `is_ready`, `ping`). Neither
+        waits on the scheduler, where `/health` generates a token and blocks behind a pause. No flag is
+        stated anywhere else: `num_paused_reqs` stays 0 and the load snapshots freeze in a pause as in a
+        hang."""
+        limits = self._timeouts.control(self._timeouts.load_s)
+        ready = await status_of(self._session, self.url + "/ready", limits=limits)
+        if ready is None or ready == 404:
+            return None  # no answer, or a version without the route
+        if 200 <= ready < 300:
+            return Readiness.READY
+        ping = await status_of(self._session, self.url + "/ping", limits=limits)
+        return Readiness.PAUSED if ping is not None and 200 <= ping < 300 else Readiness.NOT_READY
 
     async def load(self) -> EngineLoad:
         """Running and waiting requests and the generated-token counter from `/metrics` (SGLang with

@@ -31,6 +31,7 @@ from rolloutgate.engines.base import (
     EngineFamily,
     EngineInfo,
     EngineLoad,
+    Readiness,
     Route,
     UpstreamCall,
     UpstreamError,
@@ -139,6 +140,18 @@ class VllmClient:
         return await is_ok(
             self._session, self.url + "/health", limits=self._timeouts.control(self._timeouts.health_s)
         )
+
+    async def readiness(self) -> Readiness | None:
+        """vLLM's `GET /is_paused` (`{"is_paused": bool}`, with VLLM_SERVER_DEV_MODE=1 only; its `/health`
+        answers 200 while paused). A round trip to the engine core: on a hung engine it times out (None)."""
+        limits = self._timeouts.control(self._timeouts.load_s)
+        try:
+            answer = await get_json(self._session, self.url + "/is_paused", limits=limits, what="is_paused")
+        except UpstreamError:
+            return None
+        if not isinstance(answer, dict) or not isinstance(answer.get("is_paused"), bool):
+            return None
+        return Readiness.PAUSED if answer["is_paused"] else Readiness.READY
 
     async def load(self) -> EngineLoad:
         limits = self._timeouts.control(self._timeouts.load_s)

@@ -6,8 +6,9 @@ samples of one prompt are distinct work. The core's `AttachIndex` maps keys to r
 lifetime and count; this module keeps what the edge needs beside it: the live exchanges (to subscribe to) and
 the finished outcomes (to replay), dropped whenever the index drops their ids.
 
-Outcomes kept for replay: every success, and errors that a client could not read with their real status
-(keep-alive had already committed a 200): the client's retry then gets the real status at once.
+Outcomes kept for replay: every success (a session's only until a client has read it in full: `delivered`),
+and errors that a client could not read with their real status (keep-alive had already committed a 200): the
+client's retry then gets the real status at once.
 """
 
 from __future__ import annotations
@@ -71,6 +72,16 @@ class Attachments:
             self._drop(self.index.finished(exchange.request_id, now))
         else:
             self.index.discard(exchange.request_id)  # a retry may run afresh
+
+    def delivered(self, exchange: Exchange) -> None:
+        """A client read the exchange's answer in full (server/front.py): a session's success is not kept any
+        longer (core/attach.py)."""
+        key = exchange.attach_key
+        cached = self._done.get(exchange.request_id)
+        if key is None or cached is None or not isinstance(cached.item, Finished):
+            return
+        if self.index.delivered(key, exchange.request_id):
+            del self._done[exchange.request_id]
 
     def forget(self, exchange: Exchange) -> None:
         """The exchange was abandoned (its client left and the grace period ran out)."""

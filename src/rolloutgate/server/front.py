@@ -163,6 +163,7 @@ async def run_exchange(
 
     try:
         response = await write_outcome(request, exchange, outbox, keepalive, ctx.metrics, driver)
+        ctx.attachments.delivered(exchange)
     except (asyncio.CancelledError, ConnectionResetError) as exc:
         ctx.metrics.client_disconnects.inc()
         if exchange.unsubscribe(outbox) and ctx.engine_clock:
@@ -222,7 +223,11 @@ async def _replay(ctx: GatewayContext, request: web.Request, cached: CachedOutco
     cached.exchange.unsubscribe(outbox)
     outbox.put_nowait(cached.item)
     try:
-        return await write_outcome(request, cached.exchange, outbox, KeepAlive(None), ctx.metrics, NO_TIMING)
+        response = await write_outcome(
+            request, cached.exchange, outbox, KeepAlive(None), ctx.metrics, NO_TIMING
+        )
+        ctx.attachments.delivered(cached.exchange)
+        return response
     except ConnectionResetError as exc:  # the client left mid-answer: quietly, as in run_exchange
         ctx.metrics.client_disconnects.inc()
         raise asyncio.CancelledError from exc

@@ -3,6 +3,17 @@
 Theory of operation: each engine has an id (`engine-N`), a URL, an adapter and a health loop. Joining probes
 the engine (family, capacity); the health loop checks `/health` every `health_interval` and reports each
 transition (and every success while the core holds the engine quarantined) as `EngineHealthChecked`.
+
+A pause nobody told the gateway of. miles' trainer pauses, updates and continues each engine directly. Before
+each health check the loop reads the engine's readiness (`EngineClient.readiness`: SGLang `/ready` and `/ping`,
+vLLM `/is_paused`, flags that never block on a pause); an engine that says it is paused is reported
+`EnginePaused` (the core then charges nothing on it, does not judge its liveness and places nothing there)
+and is not health-checked: SGLang's `/health` generates a token, which blocks behind the pause, and when it
+times out SGLang marks itself unhealthy. While it is paused the loop looks every `PAUSED_POLL_S`; once it is
+ready again it is reported `EngineResumed`. If a health check fails, the readiness is read once more (the
+pause may have begun during the check). If SGLang did mark itself unhealthy during the pause (a check that
+was under way), `/ping` answers 503 too and readiness is NOT_READY: the engine stays paused and is
+health-checked, since only a passing check clears SGLang's mark; it passes once generation continues.
 """
 
 from __future__ import annotations
@@ -18,13 +29,22 @@ import aiohttp
 
 from rolloutgate.config import EngineSpec, GatewaySettings
 from rolloutgate.core.admission import default_prefill_budget
-from rolloutgate.core.events import EngineHealthChecked, EngineJoined, EngineLeft, Event
-from rolloutgate.engines.base import EngineClient, EngineFamily, EngineInfo, UpstreamError
+from rolloutgate.core.events import (
+    EngineHealthChecked,
+    EngineJoined,
+    EngineLeft,
+    EnginePaused,
+    EngineResumed,
+    Event,
+)
+from rolloutgate.engines.base import EngineClient, EngineFamily, EngineInfo, Readiness, UpstreamError
 from rolloutgate.engines.detect import detect_family, make_client
 
 __all__ = ("EngineHandle", "EnginePool")
 
 log = logging.getLogger("rolloutgate.pool")
+
+PAUSED_POLL_S = 1.0  # gateway seconds between readiness reads of an engine paused by someone else
 
 
 @dataclass(eq=False, slots=True)
@@ -39,6 +59,10 @@ class EngineHandle:
     health_task: asyncio.Task[None] | None = None
     consecutive_failures: int = 0
     maintenance: int = 0  # > 0 while the admin API pauses or updates it: health checks are not judged
+    paused_by_engine: bool = False  # it says it is paused, and not by the gateway (a trainer, directly)
+
+    def is_in_maintenance(self) -> bool:
+        return self.maintenance > 0
 
     def describe(self) -> dict[str, object]:
         return {
@@ -48,6 +72,7 @@ class EngineHandle:
             "capacity": self.capacity,
             "healthy": self.healthy,
             "state": self.state,
+            "paused_by_engine": self.paused_by_engine,
             "models": list(self.info.models),
             "weight_version": self.info.weight_version,
         }
@@ -119,17 +144,54 @@ class EnginePool:
 
     async def _health_loop(self, handle: EngineHandle) -> None:
         interval = self.real_seconds(self.settings.health_interval)
-        timeout = self.real_seconds(self.settings.health_timeout)
+        paused_interval = min(interval, self.real_seconds(PAUSED_POLL_S))
+        client = handle.client
         while True:
-            await asyncio.sleep(interval)
-            try:
-                async with asyncio.timeout(timeout):
-                    ok = await handle.client.health()
-            except (TimeoutError, UpstreamError):
-                ok = False
-            if handle.maintenance:
+            await asyncio.sleep(paused_interval if handle.paused_by_engine else interval)
+            if handle.is_in_maintenance():
+                continue  # the admin API pauses or updates it (server/admin.py): its pause is the gateway's
+            readiness = await client.readiness()
+            if readiness is Readiness.PAUSED:
+                self._paused_by_engine(handle)
+                continue
+            if handle.paused_by_engine and readiness is Readiness.NOT_READY:
+                if await self._check_health(handle):  # clears SGLang's mark once generation continues
+                    self._resumed_by_engine(handle)
+                    self._record_health(handle, True)
+                continue
+            if handle.paused_by_engine:
+                self._resumed_by_engine(handle)
+            ok = await self._check_health(handle)
+            if handle.is_in_maintenance():
                 continue  # a paused or updating engine may fail its health probe (SGLang's generates a token)
+            if not ok and await client.readiness() is Readiness.PAUSED:
+                self._paused_by_engine(handle)  # the pause began during the check
+                continue
             self._record_health(handle, ok)
+
+    async def _check_health(self, handle: EngineHandle) -> bool:
+        try:
+            async with asyncio.timeout(self.real_seconds(self.settings.health_timeout)):
+                return await handle.client.health()
+        except (TimeoutError, UpstreamError):
+            return False
+
+    def _paused_by_engine(self, handle: EngineHandle) -> None:
+        if not handle.paused_by_engine:
+            handle.paused_by_engine = True
+            log.warning(
+                "%s (%s) says its generation is paused, and not by the gateway: nothing on it is charged or "
+                "judged hung until it continues",
+                handle.engine_id,
+                handle.url,
+            )
+        # every reading (the core ignores a repeat): an admin pause that ended meanwhile resumed it in the core
+        self.emit(EnginePaused(engine_id=handle.engine_id))
+
+    def _resumed_by_engine(self, handle: EngineHandle) -> None:
+        handle.paused_by_engine = False
+        log.warning("%s (%s) continues generating", handle.engine_id, handle.url)
+        self.emit(EngineResumed(engine_id=handle.engine_id))
 
     def _record_health(self, handle: EngineHandle, ok: bool) -> None:
         if ok:

@@ -102,6 +102,9 @@ class SGLangRoutes:
         self.config = engine.config
         self.watcher = DisconnectWatcher(engine)
         self.started_at = time.time()
+        # SGLang's server_status: a /health that times out marks the server unhealthy (then /ping and /ready
+        # answer 503) until a /health passes (http_server.py health_generate)
+        self.status_up = True
 
     # ----------------------------------------------------------------------------- generation
 
@@ -320,8 +323,10 @@ class SGLangRoutes:
                 await asyncio.sleep(poll_s)  # SGLang sleeps a poll period before each look
                 engine.sync()
                 if model.stats.progress_events > start_events or probe.completion_tokens:
+                    self.status_up = True
                     return web.Response(status=200)
                 if engine.now() - start_at >= self.config.health_timeout_s:
+                    self.status_up = False
                     return web.Response(status=503)
         finally:
             task.cancel()
@@ -329,6 +334,15 @@ class SGLangRoutes:
                 engine.abort(probe.rid)
 
     # ----------------------------------------------------------------------------- info
+
+    async def ready(self, _request: web.Request) -> web.Response:
+        """SGLang's /ready: 503 while generation is paused or the server is marked unhealthy (is_ready)."""
+        return web.Response(status=503 if self.engine.paused or not self.status_up else 200)
+
+    async def ping(self, _request: web.Request) -> web.Response:
+        """SGLang's /ping: the server's health flag, whatever the pause (so /ready 503 with /ping 200 is a
+        pause)."""
+        return web.Response(status=200 if self.status_up else 503)
 
     def server_args(self) -> dict[str, Any]:
         config = self.config
@@ -481,6 +495,8 @@ def build_app(engine: SimEngine) -> web.Application:
     app.router.add_route("*", "/flush_cache", routes.flush_cache)
     app.router.add_get("/health", routes.health)
     app.router.add_get("/health_generate", routes.health)
+    app.router.add_get("/ready", routes.ready)
+    app.router.add_get("/ping", routes.ping)
     app.router.add_get("/server_info", routes.server_info)
     app.router.add_get("/get_server_info", routes.server_info)
     app.router.add_get("/model_info", routes.model_info)

@@ -1,0 +1,78 @@
+"""A trainer pauses an engine directly, as miles does, and nobody tells the gateway (server/pool.py).
+
+The engine says so itself (SGLang `/ready` 503 beside `/ping` 200; vLLM `/is_paused`): the request on it
+completes after the pause, its timing shows the pause under `paused` and nothing of it charged, and the engine
+is never quarantined, though the pause outlasts the 60 s stall timeout. Time-scaled on the simulator (x20:
+the default 60 s stall timeout is 3 real seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from rolloutgate.sim import SimCluster
+from tests.server.conftest import MakeCluster, MakeGateway
+from tests.server.users_path import final_timing, generate_body, quarantines
+
+SCALE = 20.0
+TOKENS = 3_000  # ~33 simulated s of decode alone on the default profile
+
+
+async def decoding(cluster: SimCluster, tokens: int) -> None:
+    """Until the engine's one request has generated `tokens` (bounded: 30 real s)."""
+    model = cluster.engines[0].model
+    async with asyncio.timeout(30):
+        while not any(r.completion_tokens >= tokens for r in model.requests()):  # noqa: ASYNC110
+            await asyncio.sleep(0.02)  # the model has no event to wait on; its state is read in place
+
+
+@pytest.mark.parametrize(("mode", "pause_s"), [("in_place", 30.0), ("retract", 120.0), ("abort", 0.0)])
+async def test_a_pause_nobody_announced_is_not_charged_and_not_judged(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient, mode: str, pause_s: float
+) -> None:
+    cluster = await make_cluster(engines=1, time_scale=SCALE)
+    gateway = await make_gateway(cluster, stall_timeout=60.0)  # the default, which the pause outlasts
+    engine_url = cluster.urls[0]
+    call = asyncio.create_task(
+        http.post(f"{gateway.url}/generate", json=generate_body(2_000, TOKENS), timeout=None)
+    )
+    await decoding(cluster, 200)
+    if mode == "abort":
+        # SGLang's default mode answers what runs (finish_reason abort) before its pause call returns
+        paused = await http.post(f"{engine_url}/pause_generation", json={"mode": mode})
+        assert paused.status_code == 200
+        response = await call
+        assert response.status_code == 200, response.text
+        assert response.json()["meta_info"]["finish_reason"]["type"] == "abort"
+        late = asyncio.create_task(
+            http.post(f"{gateway.url}/generate", json=generate_body(100, 50), timeout=None)
+        )
+        await asyncio.sleep(90 / SCALE)  # the new call waits for the engine, on the gateway's queue
+        assert not late.done()
+        await http.post(f"{engine_url}/continue_generation", json={})
+        response = await late
+        assert response.status_code == 200, response.text
+        assert response.json()["meta_info"]["completion_tokens"] == 50
+        assert final_timing(response)["charged"] < 30, final_timing(response)
+    else:
+        paused = await http.post(f"{engine_url}/pause_generation", json={"mode": mode})
+        assert paused.status_code == 200
+        await asyncio.sleep(pause_s / SCALE)
+        state = (await http.get(f"{gateway.url}/admin/state")).json()
+        assert [e["paused_by_engine"] for e in state["engines"]] == [True], state["engines"]
+        await http.post(f"{engine_url}/continue_generation", json={})
+        response = await call
+        assert response.status_code == 200, response.text
+        answer = response.json()
+        assert answer["meta_info"]["completion_tokens"] == TOKENS
+        assert len(answer["meta_info"]["output_token_logprobs"]) == TOKENS
+        timing = final_timing(response)
+        # recognised within a health interval (5 s) plus a probe; continued within PAUSED_POLL_S (1 s)
+        assert pause_s - 8 <= timing["paused"] <= pause_s + 2, timing
+        assert timing["charged"] < timing["wall"] - pause_s + 8, timing
+    assert await quarantines(http, gateway.url) == 0
+    state = (await http.get(f"{gateway.url}/admin/state")).json()
+    assert [e["paused_by_engine"] for e in state["engines"]] == [False]

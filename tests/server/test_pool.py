@@ -1,0 +1,105 @@
+"""The pool's health loop against an engine paused by someone else (server/pool.py), on a fake-time event loop
+(looptime): an SGLang-like engine whose `/health` blocks behind a pause and, timed out, marks the server
+unhealthy, and one whose scheduler hangs. The pause is reported whenever it begins, a hang never is."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from rolloutgate.config import GatewaySettings
+from rolloutgate.core.events import EngineHealthChecked, EnginePaused, EngineResumed, Event
+from rolloutgate.engines.base import EngineFamily, EngineInfo, Readiness
+from rolloutgate.server.pool import EngineHandle, EnginePool
+
+SGLANG_HEALTH_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT
+
+
+class FakeSGLang:
+    """SGLang 0.5's health and readiness (reference: http_server.py `health_generate`, `is_ready`, `ping`): a
+    probe passes a second after it starts when generation runs throughout; behind a pause or a hang it waits,
+    up to 20 s, and then marks the server unhealthy, even if its client has gone (the handler is not
+    cancelled), until a probe passes."""
+
+    url = "http://engine"
+    family = EngineFamily.SGLANG
+    reports_load = True
+
+    def __init__(self, *, paused: tuple[float, float] = (math.inf, math.inf), hung_from: float = math.inf):
+        self.paused_between = paused
+        self.hung_from = hung_from
+        self.status_up = True
+        self.marked_down = 0  # times a probe timed out and marked the server unhealthy
+
+    def now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def generating(self) -> bool:
+        start, end = self.paused_between
+        return not start <= self.now() < end and self.now() < self.hung_from
+
+    def is_paused(self) -> bool:
+        start, end = self.paused_between
+        return start <= self.now() < end
+
+    async def readiness(self) -> Readiness | None:
+        if not self.is_paused() and self.status_up:
+            return Readiness.READY
+        return Readiness.PAUSED if self.status_up else Readiness.NOT_READY
+
+    async def health(self) -> bool:
+        probe = asyncio.get_running_loop().create_task(self._probe())
+        return await asyncio.shield(probe)  # a client that gives up does not stop the server's handler
+
+    async def _probe(self) -> bool:
+        started = self.now()
+        await asyncio.sleep(1.0)
+        while not self.generating():
+            if self.now() - started >= SGLANG_HEALTH_TIMEOUT_S:
+                self.status_up = False
+                self.marked_down += 1
+                return False
+            await asyncio.sleep(0.25)
+        self.status_up = True
+        return True
+
+
+def start_loop(engine: FakeSGLang) -> tuple[list[tuple[float, Event]], asyncio.Task[None]]:
+    events: list[tuple[float, Event]] = []
+    loop = asyncio.get_running_loop()
+    pool = EnginePool(GatewaySettings(), lambda e: events.append((loop.time(), e)), lambda s: s)
+    info = EngineInfo(family=EngineFamily.SGLANG)
+    handle = EngineHandle(engine_id="engine-0", url=engine.url, client=engine, info=info, capacity=8)  # type: ignore[arg-type]
+    return events, loop.create_task(pool._health_loop(handle))
+
+
+@pytest.mark.looptime
+# checks start at 5, 11, 17... and take 1 s: a pause between two checks, and one during a check
+@pytest.mark.parametrize("pause_at", [14.0, 11.5])
+async def test_a_pause_is_reported_and_its_end_too_and_health_is_never_failed(pause_at: float) -> None:
+    engine = FakeSGLang(paused=(pause_at, pause_at + 120.0))
+    events, task = start_loop(engine)
+    await asyncio.sleep(200)
+    task.cancel()
+    paused = [t for t, e in events if isinstance(e, EnginePaused)]
+    resumed = [t for t, e in events if isinstance(e, EngineResumed)]
+    assert paused and paused[0] <= pause_at + 15.5, events  # a check under way gives up at 15 s
+    assert len(resumed) == 1 and pause_at + 120 <= resumed[0] <= pause_at + 123, events
+    assert max(paused) < resumed[0]
+    assert not [e for _, e in events if isinstance(e, EngineHealthChecked)], events  # never judged unhealthy
+    # a check under way when the pause began made SGLang mark itself unhealthy; a check after it cleared that
+    assert (engine.marked_down > 0) == (pause_at == 11.5)
+    assert engine.status_up
+
+
+@pytest.mark.looptime
+async def test_a_hung_engine_is_never_taken_for_paused() -> None:
+    engine = FakeSGLang(hung_from=12.0)
+    events, task = start_loop(engine)
+    await asyncio.sleep(200)
+    task.cancel()
+    assert not [e for _, e in events if isinstance(e, EnginePaused | EngineResumed)], events
+    failed = [t for t, e in events if isinstance(e, EngineHealthChecked) and not e.healthy]
+    assert len(failed) == 1 and failed[0] < 12 + 3 * (5 + 15) + 1, events  # three failed checks
