@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from rolloutgate.core.commands import Abort, AbortReason, Complete, Dispatch, MarkEngine
+from rolloutgate.core.commands import Abort, AbortReason, Complete, Dispatch, Fail, FailReason, MarkEngine
 from rolloutgate.core.config import GatewayCoreConfig
-from rolloutgate.core.events import ClockMode, EnginePaused, EngineResumed, GateClosed, GateOpened, PauseMode
+from rolloutgate.core.events import (
+    ClockMode,
+    EnginePaused,
+    EngineResumed,
+    GateClosed,
+    GateOpened,
+    PauseMode,
+    QueueAborted,
+)
 from tests.core.helpers import Harness, of
 
 
@@ -123,3 +131,22 @@ def test_gate_works_the_same_in_wallclock_mode() -> None:
     h.arrive("b")
     assert len(h.commands(Dispatch)) == 1
     assert len(of(h.send(GateOpened()), Dispatch)) == 2
+
+
+def test_an_aborted_queue_ends_what_waits_and_leaves_what_runs() -> None:
+    h = Harness()
+    h.engines(e1=1)
+    for rid in ("a", "b", "c"):
+        h.arrive(rid)  # a runs; b, c wait
+    h.advance(5.0, {"a": 1.0})
+    out = h.send(QueueAborted())
+    assert [(f.request_id, f.reason) for f in of(out, Fail)] == [
+        ("b", FailReason.ABORTED),
+        ("c", FailReason.ABORTED),
+    ]
+    assert of(out, Abort) == []  # the engine answers what it runs (the edge sends it the abort)
+    assert h.gw.stats().queue_depth == 0 and h.gw.stats().in_flight_total == 1
+    h.finish("a")
+    assert [c.request_id for c in h.commands(Complete)] == ["a"]
+    h.arrive("d")
+    assert [d.request_id for d in h.commands(Dispatch)][-1] == "d"  # the gateway goes on serving

@@ -27,6 +27,7 @@ __all__ = (
     "GateOpened",
     "PauseMode",
     "ProgressReported",
+    "QueueAborted",
     "RequestArrived",
     "RequestLimits",
     "UpstreamFailed",
@@ -212,6 +213,13 @@ class EngineResumed:
     engine_id: str
 
 
+@dataclass(**_frozen)
+class QueueAborted:
+    """A client asked to abort everything (SGLang `/abort_request {"abort_all": true}`, miles' end of a rollout
+    step): every request still waiting in the gateway ends now, aborted; the engines answer their running
+    ones themselves."""
+
+
 # --- the gate -------------------------------------------------------------------------------------------
 
 
@@ -240,6 +248,7 @@ Event = (
     | EngineCacheFlushed
     | EnginePaused
     | EngineResumed
+    | QueueAborted
     | GateClosed
     | GateOpened
 )

@@ -73,6 +73,7 @@ from rolloutgate.core.events import (
     GateOpened,
     PauseMode,
     ProgressReported,
+    QueueAborted,
     RequestArrived,
     UpstreamFailed,
     UpstreamFinished,
@@ -106,6 +107,7 @@ class Gateway(GatewayLedger):
             EngineCacheFlushed: self._on_cache_flushed,
             EnginePaused: self._on_engine_paused,
             EngineResumed: self._on_engine_resumed,
+            QueueAborted: self._on_queue_aborted,
             GateClosed: self._on_gate_closed,
             GateOpened: self._on_gate_opened,
         }
@@ -469,6 +471,12 @@ class Gateway(GatewayLedger):
             self._touch(engine)
             self._refresh_engines(now)
             self._pump(now, out)
+        return out
+
+    def _on_queue_aborted(self, ev: QueueAborted, now: float) -> list[Command]:
+        out: list[Command] = []
+        for request_id in self._queue.ids_in_order():
+            self._fail(self._requests[request_id], FailReason.ABORTED, now, out, detail="abort_request")
         return out
 
     # --- the gate ----------------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ from rolloutgate.engines.openai_stream import client_wants_usage, upstream_body
 from rolloutgate.engines.push_call import start_generation
 from rolloutgate.engines.upstream import UpstreamPool
 
-__all__ = ("SglangClient",)
+__all__ = ("SglangClient", "aborted_in_queue")
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,21 @@ _CHAT_NON_STREAMABLE = ("return_meta_info", "return_token_ids", "return_prompt_t
 _PAUSE_MODES = {"abort": "abort", "retract": "retract", "in_place": "in_place", "keep": "in_place"}
 _GATEWAY_DRAINS = frozenset({"drain", "wait"})
 _METRICS = frozenset({"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:generation_tokens_total"})
+
+
+def aborted_in_queue(body: dict[str, Any], request_id: str) -> bytes:
+    """SGLang's answer to a `/generate` aborted while it waited (scheduler `_handle_abort_req`: finish reason
+    abort, "Abort in waiting queue", no prompt or cached token counts), for a call the gateway held in its own
+    queue when a client aborted everything. The client's `rid`, else the gateway's id."""
+    meta: dict[str, Any] = {
+        "id": body.get("rid") if isinstance(body.get("rid"), str) else request_id,
+        "finish_reason": {"type": "abort", "message": "Abort in waiting queue"},
+        "completion_tokens": 0,
+    }
+    if body.get("return_logprob"):
+        meta["input_token_logprobs"] = []
+        meta["output_token_logprobs"] = []
+    return orjson.dumps({"text": "", "output_ids": [], "meta_info": meta})
 
 
 class SglangClient:

@@ -46,7 +46,8 @@ from rolloutgate.core.events import (
 )
 from rolloutgate.core.gateway import Gateway
 from rolloutgate.engines.assemble import ResponseAssembler
-from rolloutgate.engines.base import UpstreamCall, UpstreamError, UpstreamEvent
+from rolloutgate.engines.base import Route, UpstreamCall, UpstreamError, UpstreamEvent
+from rolloutgate.engines.sglang import aborted_in_queue
 from rolloutgate.errors import GatewayError, UpstreamFailure, from_fail_reason
 from rolloutgate.server.continuation import CannotContinue, continuation_body
 from rolloutgate.server.engine_watch import EngineWatcher
@@ -331,6 +332,14 @@ class Driver:
         if exchange is None:
             return
         exchange.cancel_upstream()
+        if command.reason is FailReason.ABORTED and exchange.route is Route.GENERATE:
+            answer = aborted_in_queue(exchange.body, exchange.request_id)
+            if exchange.client_streams:
+                exchange.send_events([answer])
+            self._end(
+                exchange, Finished(timing=command.timing, body=None if exchange.client_streams else answer)
+            )
+            return
         upstream = exchange.upstream_error
         if command.reason is FailReason.UPSTREAM and upstream is not None and upstream.status:
             error: GatewayError = GatewayError(

@@ -1,0 +1,67 @@
+"""SGLang's `/abort_request` through the gateway: the gateway's queue first, then every engine.
+
+miles ends every rollout step with `POST /abort_request {"abort_all": true}` (reference/miles.md) and waits
+for every pending call. Sent to one engine, it would miss the calls still waiting in the gateway, which would
+then start and run to their end while miles waits. Here an `abort_all` first ends every call waiting in the
+gateway (`QueueAborted`: a `/generate` gets SGLang's own answer for a call aborted while it waited, finish
+reason abort, at once; other routes a 400 `aborted`), then goes to every SGLang engine of the pool, which
+answers what it runs itself (finish reason abort, with the output so far). Any other body (one `rid`) goes
+to every SGLang engine as it came. The answer is SGLang's: an empty 200.
+
+A call dispatched but not yet at its engine when the engine takes the abort is not aborted (a window of one
+loopback send).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+from aiohttp import web
+
+from rolloutgate.core.events import QueueAborted
+from rolloutgate.engines.base import EngineFamily, UpstreamError
+from rolloutgate.engines.http import post_json
+from rolloutgate.errors import BadRequest
+from rolloutgate.server.auth import check_admin
+from rolloutgate.server.context import CONTEXT
+from rolloutgate.server.guard import guarded
+from rolloutgate.server.validate import parse_body
+
+__all__ = ("add_routes",)
+
+log = logging.getLogger("rolloutgate.fan_out")
+
+ENGINE_CALL_S = 10.0  # real seconds each engine has to take the abort
+
+
+async def abort_request(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    check_admin(request, ctx.settings)
+    raw = await request.read()
+    body = parse_body(raw, ctx.settings) if raw.strip() else {}
+    abort_all = body.get("abort_all", False)
+    if not isinstance(abort_all, bool):
+        raise BadRequest("'abort_all' must be a boolean", param="abort_all", code="invalid_type")
+    if abort_all:
+        ctx.driver.handle(QueueAborted())
+    engines = [e for e in ctx.pool.engines.values() if e.info.family is EngineFamily.SGLANG]
+    limits = aiohttp.ClientTimeout(total=ENGINE_CALL_S)
+    results = await asyncio.gather(
+        *(
+            post_json(ctx.pool.session, e.url + "/abort_request", body, limits=limits, what="abort_request")
+            for e in engines
+        ),
+        return_exceptions=True,
+    )
+    for engine, result in zip(engines, results, strict=True):
+        if isinstance(result, UpstreamError):
+            log.warning("%s did not take the abort_request: %s", engine.engine_id, result.message)
+        elif isinstance(result, BaseException):
+            raise result
+    return web.Response(status=200)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/abort_request", guarded(abort_request))

@@ -1,0 +1,79 @@
+"""`/abort_request {"abort_all": true}` through the gateway (server/fan_out.py), as miles ends a rollout step:
+the calls waiting in the gateway get SGLang's abort answer at once, the engine answers what it runs itself."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+
+from tests.server.conftest import MakeCluster, MakeGateway
+from tests.server.users_path import generate_body
+
+SCALE = 100.0
+
+
+async def test_abort_all_answers_the_queue_at_once_and_reaches_the_engine(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
+) -> None:
+    cluster = await make_cluster(engines=1, time_scale=SCALE)
+    gateway = await make_gateway(cluster, capacity=1)  # one call runs, the others wait in the gateway
+    model = cluster.engines[0].model
+    running = asyncio.create_task(
+        http.post(f"{gateway.url}/generate", json=generate_body(100, 20_000), timeout=None)
+    )
+    async with asyncio.timeout(30):
+        while not any(r.completion_tokens > 10 for r in model.requests()):  # noqa: ASYNC110
+            await asyncio.sleep(0.02)  # the simulator has no event to wait on; its state is read in place
+    waiting = [
+        asyncio.create_task(
+            http.post(
+                f"{gateway.url}/generate", json={**generate_body(50, 100), "rid": f"miles-{i}"}, timeout=None
+            )
+        )
+        for i in range(3)
+    ]
+    chat = asyncio.create_task(
+        http.post(
+            f"{gateway.url}/v1/chat/completions",
+            json={"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
+            timeout=None,
+        )
+    )
+    async with asyncio.timeout(30):
+        while (await http.get(f"{gateway.url}/admin/state")).json()["queue_depth"] < 4:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)  # the queue depth is read from the gateway's state
+    started = time.perf_counter()
+    aborted = await http.post(f"{gateway.url}/abort_request", json={"abort_all": True})
+    assert aborted.status_code == 200
+    answers = await asyncio.gather(*waiting)
+    assert time.perf_counter() - started < 1.0  # within one second
+    for i, answer in enumerate(answers):
+        assert answer.status_code == 200, answer.text
+        meta = answer.json()["meta_info"]
+        assert meta["finish_reason"] == {"type": "abort", "message": "Abort in waiting queue"}
+        assert meta["id"] == f"miles-{i}" and meta["completion_tokens"] == 0
+        assert meta["output_token_logprobs"] == []  # return_logprob: the list miles reads, empty
+    refused = await chat
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "aborted"
+    first = await running
+    assert first.status_code == 200, first.text
+    meta = first.json()["meta_info"]
+    assert meta["finish_reason"]["type"] == "abort"  # the engine's own answer, with the output so far
+    assert 0 < meta["completion_tokens"] < 20_000
+    assert len(meta["output_token_logprobs"]) == meta["completion_tokens"]
+    assert (await http.get(f"{gateway.url}/admin/state")).json()["queue_depth"] == 0
+
+
+async def test_a_bad_abort_request_is_a_400_and_nothing_is_aborted(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
+) -> None:
+    cluster = await make_cluster(engines=1, time_scale=SCALE)
+    gateway = await make_gateway(cluster)
+    response = await http.post(f"{gateway.url}/abort_request", json={"abort_all": "yes"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "abort_all"
+    response = await http.post(f"{gateway.url}/abort_request", content=b"{not json")
+    assert response.status_code == 400
+    ok = await http.post(f"{gateway.url}/generate", json=generate_body(10, 5))
+    assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 5
