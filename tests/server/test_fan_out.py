@@ -77,3 +77,35 @@ async def test_a_bad_abort_request_is_a_400_and_nothing_is_aborted(
     assert response.status_code == 400
     ok = await http.post(f"{gateway.url}/generate", json=generate_body(10, 5))
     assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 5
+
+
+async def test_flush_cache_reaches_every_engine_and_says_which_did_not_flush(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
+) -> None:
+    cluster = await make_cluster(engines=2, time_scale=SCALE)
+    gateway = await make_gateway(cluster)
+
+    async def warm() -> None:  # a prompt in each engine's prefix cache
+        for url in cluster.urls:
+            assert (await http.post(f"{url}/generate", json=generate_body(512, 2))).status_code == 200
+
+    await warm()
+    assert all(e.model.cache.size_tokens > 0 for e in cluster.engines)
+    flushed = await http.post(f"{gateway.url}/flush_cache")
+    assert flushed.status_code == 200 and flushed.text.startswith("Cache flushed.")
+    assert [e.model.cache.size_tokens for e in cluster.engines] == [0, 0]
+    await warm()
+    busy = asyncio.create_task(
+        http.post(f"{cluster.urls[0]}/generate", json=generate_body(10, 20_000), timeout=None)
+    )
+    async with asyncio.timeout(30):
+        while not cluster.engines[0].model.requests():  # noqa: ASYNC110
+            await asyncio.sleep(0.02)  # the simulator has no event to wait on; its state is read in place
+    refused = await http.get(f"{gateway.url}/flush_cache")
+    assert refused.status_code == 400  # SGLang flushes an idle engine only
+    assert "engine-0" in refused.text and "engine-1" not in refused.text
+    assert cluster.engines[0].model.cache.size_tokens > 0 and cluster.engines[1].model.cache.size_tokens == 0
+    bad = await http.get(f"{gateway.url}/flush_cache", params={"timeout": "soon"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "timeout"
+    await http.post(f"{cluster.urls[0]}/abort_request", json={"abort_all": True})
+    await busy

@@ -1,4 +1,4 @@
-"""SGLang's `/abort_request` through the gateway: the gateway's queue first, then every engine.
+"""SGLang's `/abort_request` and `/flush_cache` through the gateway: to every engine, not to one.
 
 miles ends every rollout step with `POST /abort_request {"abort_all": true}` (reference/miles.md) and waits
 for every pending call. Sent to one engine, it would miss the calls still waiting in the gateway, which would
@@ -10,6 +10,11 @@ to every SGLang engine as it came. The answer is SGLang's: an empty 200.
 
 A call dispatched but not yet at its engine when the engine takes the abort is not aborted (a window of one
 loopback send).
+
+`/flush_cache` (miles flushes before scoring, and its trainer after a weight update) goes to every SGLang
+engine with its query (`?timeout=`); each engine that flushed is reported `EngineCacheFlushed` (placement then
+prices its sessions' next turns as cold prefills). SGLang's answer: 200 `Cache flushed.` when every engine
+flushed, else 400 naming the ones that did not (an engine flushes only when idle).
 """
 
 from __future__ import annotations
@@ -20,9 +25,9 @@ import logging
 import aiohttp
 from aiohttp import web
 
-from rolloutgate.core.events import QueueAborted
+from rolloutgate.core.events import EngineCacheFlushed, QueueAborted
 from rolloutgate.engines.base import EngineFamily, UpstreamError
-from rolloutgate.engines.http import post_json
+from rolloutgate.engines.http import post_json, status_of
 from rolloutgate.errors import BadRequest
 from rolloutgate.server.auth import check_admin
 from rolloutgate.server.context import CONTEXT
@@ -63,5 +68,44 @@ async def abort_request(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+async def flush_cache(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    check_admin(request, ctx.settings)
+    engines = [e for e in ctx.pool.engines.values() if e.info.family is EngineFamily.SGLANG]
+    query = f"?{request.query_string}" if request.query_string else ""
+    timeout_s = _flush_timeout_s(request)
+    limits = aiohttp.ClientTimeout(total=ENGINE_CALL_S + timeout_s)
+    statuses = await asyncio.gather(
+        *(status_of(ctx.pool.session, e.url + "/flush_cache" + query, limits=limits) for e in engines)
+    )
+    failed = []
+    for engine, status in zip(engines, statuses, strict=True):
+        if status is not None and 200 <= status < 300:
+            ctx.driver.handle(EngineCacheFlushed(engine_id=engine.engine_id))
+        else:
+            failed.append(f"{engine.engine_id} ({engine.url}): {status or 'no answer'}")
+    if failed:
+        return web.Response(text="Flush cache failed on " + ", ".join(failed) + "\n", status=400)
+    return web.Response(text="Cache flushed.\n")
+
+
+def _flush_timeout_s(request: web.Request) -> float:
+    """SGLang's `?timeout=` (seconds an engine waits to be idle before flushing); 0 when absent."""
+    raw = request.query.get("timeout")
+    if raw is None:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadRequest(
+            "'timeout' must be a number of seconds", param="timeout", code="invalid_value"
+        ) from None
+    if not 0 <= value <= 3600:
+        raise BadRequest("'timeout' must be between 0 and 3600", param="timeout", code="invalid_value")
+    return value
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/abort_request", guarded(abort_request))
+    app.router.add_route("GET", "/flush_cache", guarded(flush_cache))
+    app.router.add_route("POST", "/flush_cache", guarded(flush_cache))

@@ -1,4 +1,6 @@
-"""Worker (engine pool) management API: ours and the miles router's (`/add_worker`, `/list_workers`)."""
+"""Worker (engine pool) management API: ours and the miles router's (`/add_worker`, `/list_workers`,
+`/remove_worker`). Engines run prefill and decode both: a prefill or decode worker (`worker_type`, SGLang's
+disaggregation) is refused by name rather than served as a regular one."""
 
 from __future__ import annotations
 
@@ -44,7 +46,18 @@ async def add_worker(request: web.Request) -> web.Response:
     body = parse_body(await request.read(), ctx.settings)
     if not isinstance(body.get("url"), str):
         raise BadRequest("'url' is required", param="url", code="invalid_worker")
+    _refuse_disaggregated(body.get("worker_type"))
     return await _add(request, {k: v for k, v in body.items() if k in ("url", "family", "capacity")})
+
+
+def _refuse_disaggregated(worker_type: object) -> None:
+    if worker_type not in (None, "regular"):
+        raise BadRequest(
+            f"worker_type {worker_type!r} is not supported: rolloutgate serves regular engines (prefill and "
+            "decode in one), not prefill-decode disaggregation",
+            param="worker_type",
+            code="unsupported_worker_type",
+        )
 
 
 async def list_workers_api(request: web.Request) -> web.Response:
@@ -67,10 +80,26 @@ async def delete_worker(request: web.Request) -> web.Response:
 async def miles_add_worker(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     check_admin(request, ctx.settings)
+    raw = await request.read()
+    body = parse_body(raw, ctx.settings) if raw.strip() else {}
+    url = request.query.get("url") or request.query.get("worker_url") or body.get("url")
+    if not isinstance(url, str) or not url:
+        raise BadRequest("'url' is required (query or JSON body)", param="url", code="invalid_worker")
+    _refuse_disaggregated(request.query.get("worker_type") or body.get("worker_type"))
+    return await _add(request, {"url": url})
+
+
+async def miles_remove_worker(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    check_admin(request, ctx.settings)
     url = request.query.get("url") or request.query.get("worker_url")
     if not url:
         raise BadRequest("query parameter 'url' is required", param="url", code="invalid_worker")
-    return await _add(request, {"url": url})
+    handle = ctx.pool.by_url(url)
+    if handle is None:
+        raise NotFound(f"no worker at {url!r}", code="worker_not_found")
+    ctx.pool.remove(handle.engine_id)
+    return _json({"removed": handle.describe()})
 
 
 async def miles_list_workers(request: web.Request) -> web.Response:
@@ -85,3 +114,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_delete("/workers/{worker_id}", guarded(delete_worker))
     app.router.add_post("/add_worker", guarded(miles_add_worker))
     app.router.add_get("/list_workers", guarded(miles_list_workers))
+    app.router.add_post("/remove_worker", guarded(miles_remove_worker))
