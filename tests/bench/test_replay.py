@@ -139,18 +139,24 @@ def test_a_request_moved_off_the_frozen_engine_and_still_running_at_the_end_is_n
         view("done", 1, 300.0, "delivered"),
         view("moving", 0, 200.0, "fault"),  # caught, moved to e1, still decoding when the run stopped
         view("moving", 1, 900.0, "in_progress"),
+        # caught, moved, its answer recorded a moment after the run's end (make demo, 2026-12-01 23:11)
+        view("late", 0, 200.0, "fault"),
+        view("late", 1, 900.0, "in_progress"),
     ]
     joined = {
-        "ends": {"done": {"engine_url": "http://e1", "ok": True}},
+        "ends": {
+            "done": {"engine_url": "http://e1", "ok": True},
+            "late": {"engine_url": "http://e1", "ok": True},
+        },
         "killed_at": {},
         "answered": {"done"},
     }
     frozen = _frozen_requests(views, records, joined)
     assert frozen == {
-        "caught": 2,
+        "caught": 3,
         "answered": 1,
         "answered_by_other_engines": 1,
-        "still_running_elsewhere_at_end": 1,
+        "still_running_elsewhere_at_end": 2,
         "failed": 0,
     }
 

@@ -288,12 +288,13 @@ def _frozen_requests(
     }
     answered = [r for r in caught if r in joined["answered"]]
     elsewhere = [r for r in answered if (ends[r]["engine_url"] or "") != urls[engine]]
-    # A request moved off the frozen engine may still be decoding elsewhere when the run stops: moved, not lost.
+    # A request moved off the frozen engine may still be decoding elsewhere when the run stops: moved, not lost
+    # (its end may even be recorded, a moment after the run's end, when the last answers were collected).
     moving = {
         v.request_id
         for v in views
         if v.request_id in caught
-        and v.request_id not in ends
+        and v.request_id not in joined["answered"]
         and v.outcome == "in_progress"
         and v.record["engine"] != engine
     }
