@@ -78,6 +78,8 @@ def _reference(route: Route, body: dict[str, Any], limit: int) -> None:
     else:
         if isinstance(body.get("text"), str | list) == isinstance(body.get("input_ids"), list):
             raise BadRequest("text", param="text", code="invalid_type")
+        if body.get("input_ids") == []:
+            raise BadRequest("input_ids", param="input_ids", code="invalid_value")
         expect("sampling_params", dict, "an object")
         expect("rid", str, "a string")
         new_tokens = (body.get("sampling_params") or {}).get("max_new_tokens")
