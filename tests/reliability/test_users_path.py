@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.reliability.conftest import Proc, spawn_gateway, spawn_sim
+from tests.reliability.conftest import Proc, add_figure, spawn_gateway, spawn_sim
 from tests.server.users_path import (
     A_TOKENS,
     engine_output,
@@ -79,7 +79,7 @@ async def test_an_8k_token_logprob_generate_costs_the_engine_what_the_direct_cal
             figures[name] = {"cpu_s": cpu, **output}
         quarantined = await quarantines(http, gateway.url)
     direct, through = figures["direct"], figures["gateway"]
-    print(f"engine work, direct vs through the gateway: {direct} / {through}")
+    add_figure("logprob_8k_generate_engine_work", {"direct": direct, "through_gateway": through})
     assert through["cpu_s"] <= 1.2 * direct["cpu_s"] + 0.05, figures  # 0.05 s: the gateway's load readings
     assert through["bytes"] <= 1.1 * direct["bytes"] + 4_096, figures
     assert through["chunks"] <= direct["chunks"] + 2, figures

@@ -48,9 +48,13 @@ class Overrides:
 NO_OVERRIDES = Overrides()  # what a request without override headers gets (shared: front.py caches by it)
 
 
-def parse_body(raw: bytes, settings: GatewaySettings) -> dict[str, Any]:
+def _check_size(raw: bytes, settings: GatewaySettings) -> None:
     if len(raw) > settings.max_body_bytes:
         raise PayloadTooLarge(f"request body is {len(raw)} bytes; the limit is {settings.max_body_bytes}")
+
+
+def parse_body(raw: bytes, settings: GatewaySettings) -> dict[str, Any]:
+    _check_size(raw, settings)
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -67,8 +71,7 @@ def parse_inference_body(
     (a large body: server/prompt_ids.py). Raises BadRequest, PayloadTooLarge."""
     if len(raw) < FIELD_WISE_FROM:
         return parse_body(raw, settings), None
-    if len(raw) > settings.max_body_bytes:
-        raise PayloadTooLarge(f"request body is {len(raw)} bytes; the limit is {settings.max_body_bytes}")
+    _check_size(raw, settings)
     return parse_fields(raw, route)
 
 
