@@ -67,7 +67,9 @@ async def test_requests_on_a_frozen_engine_finish_on_another(
     make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
 ) -> None:
     cluster = await make_cluster(engines=2, time_scale=50.0)
-    gateway = await make_gateway(cluster, stall_timeout=5.0, capacity=4)
+    # Keep-alive off: headers committed early name the engine of that moment (respond.py), so a host stall that
+    # stretches a call past keepalive_interval before it moves would report the frozen engine (CI, 2026-12-02)
+    gateway = await make_gateway(cluster, stall_timeout=5.0, capacity=4, keepalive_interval=0)
     body = {
         "model": "sim-model",
         "messages": [{"role": "user", "content": "go"}],
