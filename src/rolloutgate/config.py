@@ -6,6 +6,7 @@ simulator keeps the same numbers as in production). `None` for an optional limit
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -49,28 +50,37 @@ class EngineSpec(BaseModel):
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ROLLOUTGATE_", extra="forbid")
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
-    engines: list[EngineSpec] = Field(default_factory=list)
+    host: str = Field(default="127.0.0.1", description="address to bind")
+    port: int = Field(default=8000, ge=0, le=65535, description="port to bind (0 picks a free one)")
+    engines: list[EngineSpec] = Field(
+        default_factory=list,
+        description="engine URL, repeatable; prefix the family to skip detection: vllm+http://host:port",
+    )
     sim: int = Field(default=0, ge=0, description="serve in front of N simulated engines in this process")
-    sim_api: Literal["sglang", "vllm"] = "sglang"
-    sim_profile: str = "default"
+    sim_api: Literal["sglang", "vllm"] = Field(default="sglang", description="API of the simulated engines")
+    sim_profile: str = Field(default="default", description="speed profile of the simulated engines")
     time_scale: float = Field(default=1.0, gt=0, description="gateway seconds per real second")
 
-    clock: Literal["engine", "wallclock"] = "engine"
+    clock: Literal["engine", "wallclock"] = Field(default="engine", description="what timeouts measure")
     timeout: float = Field(default=600.0, gt=0, description="charged engine time per request")
-    stall_timeout: float = Field(default=60.0, gt=0)
-    queue_timeout: float | None = Field(default=None, gt=0)
-    max_wall: float | None = Field(default=None, gt=0)
+    stall_timeout: float = Field(
+        default=60.0, gt=0, description="seconds without progress before a stall verdict"
+    )
+    queue_timeout: float | None = Field(
+        default=None, gt=0, description="seconds a request may wait in the gateway queue"
+    )
+    max_wall: float | None = Field(default=None, gt=0, description="absolute cap on a request's wall time")
     max_timeout_override: float = Field(default=3600.0, gt=0, description="cap on per-request overrides")
 
     capacity: int | None = Field(
         default=None, ge=1, description="in-flight limit per engine (overrides probe)"
     )
     default_capacity: int = Field(default=64, ge=1, description="when an engine does not report one")
-    max_queue: int = Field(default=100_000, ge=1)
-    max_attempts: int = Field(default=3, ge=1)
-    no_engine_grace: float = Field(default=30.0, ge=0)
+    max_queue: int = Field(default=100_000, ge=1, description="requests waiting in the gateway at once")
+    max_attempts: int = Field(default=3, ge=1, description="engines a request may be tried on")
+    no_engine_grace: float = Field(
+        default=30.0, ge=0, description="seconds a request waits for an engine when none is usable"
+    )
     contention_min_prefill_tokens: int = Field(
         default=4096,
         ge=0,
@@ -101,28 +111,49 @@ class GatewaySettings(BaseSettings):
         "(engine-level progress); default a twentieth of stall_timeout, at most 3",
     )
 
-    keepalive_interval: float = Field(default=15.0, ge=0, description="0 turns keep-alive off")
-    keepalive_non_streaming: bool = True
-    retry_grace: float = Field(default=10.0, ge=0)
-    result_ttl: float = Field(default=300.0, ge=0)
-    result_cache_entries: int = Field(default=10_000, ge=0)
+    keepalive_interval: float = Field(
+        default=15.0, ge=0, description="seconds of client silence before a keep-alive byte (0 = off)"
+    )
+    keepalive_non_streaming: bool = Field(
+        default=True, description="keep-alive spaces before a non-streamed JSON answer too"
+    )
+    retry_grace: float = Field(
+        default=10.0, ge=0, description="seconds a disconnected client's generation waits for its retry"
+    )
+    result_ttl: float = Field(
+        default=300.0,
+        ge=0,
+        description="seconds a finished answer with an Idempotency-Key is kept for a retry",
+    )
+    result_cache_entries: int = Field(default=10_000, ge=0, description="finished answers kept for retries")
 
-    health_interval: float = Field(default=5.0, gt=0)
+    health_interval: float = Field(default=5.0, gt=0, description="seconds between engine health checks")
     # under SGLang's own 20 s (SGLANG_HEALTH_CHECK_TIMEOUT): a check that waits behind a pause gives up first,
     # and the readiness read right after it still sees the pause before SGLang marks itself unhealthy
-    health_timeout: float = Field(default=15.0, gt=0)
-    health_failures: int = Field(default=3, ge=1)
+    health_timeout: float = Field(default=15.0, gt=0, description="seconds one health check may take")
+    health_failures: int = Field(
+        default=3, ge=1, description="failed health checks in a row before an engine is unhealthy"
+    )
 
-    admin_token: str | None = None
-    allow_remote_admin: bool = False
-    api_keys: list[str] = Field(default_factory=list)
-    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    admin_token: str | None = Field(default=None, description="token required by admin and worker endpoints")
+    allow_remote_admin: bool = Field(
+        default=False, description="admin and worker endpoints from any client (without an admin token)"
+    )
+    trusted_networks: list[str] = Field(
+        default_factory=list,
+        description="CIDR, repeatable: machines there may register and remove workers and send /abort_request "
+        "and /flush_cache without a token (never the other admin endpoints)",
+    )
+    api_keys: list[str] = Field(default_factory=list, description="accepted inference API key, repeatable")
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="largest request body")
     max_header_bytes: int = Field(default=8190, ge=256, description="longest request line or header field")
     max_headers: int = Field(default=128, ge=8, description="most header fields in one request")
-    max_messages: int = Field(default=4096, ge=1)
-    max_tokens_limit: int = Field(default=262_144, ge=1)
+    max_messages: int = Field(default=4096, ge=1, description="most messages in one chat request")
+    max_tokens_limit: int = Field(default=262_144, ge=1, description="largest max_tokens a request may ask")
 
-    tokenizer: str | None = None
+    tokenizer: str | None = Field(
+        default=None, description="local Hugging Face tokenizer folder for token-in-token-out sessions"
+    )
     session_max: int = Field(default=10_000, ge=1, description="sessions held at once")
     session_max_records: int = Field(default=1_000, ge=1, description="turn records per session")
     session_idle_ttl: float = Field(
@@ -131,7 +162,24 @@ class GatewaySettings(BaseSettings):
     session_max_bytes: int = Field(
         default=4 * 1024**3, ge=1, description="approximate memory bound, all sessions"
     )
-    state_dir: str | None = None
+    session_tree: bool = Field(
+        default=False,
+        description="tree sessions (miles' --use-session-server v2): a retry or rollback is a branch, and "
+        "/samples gives one sample per leaf the picker keeps",
+    )
+    session_picker: Literal["drop_retries", "drop_rolled_back", "keep_all"] = Field(
+        default="drop_retries",
+        description="tree sessions: which leaves become samples (drop_retries drops a leaf retried with the "
+        "same prompt; drop_rolled_back keeps only the latest branch of each turn)",
+    )
+    samples_weight_versions: Literal["spans", "strings"] = Field(
+        default="spans",
+        description="weight_versions on the samples wire: per-call spans (miles' newest codec) or version "
+        "strings (miles 2026-08, 31f1ca9)",
+    )
+    state_dir: str | None = Field(
+        default=None, description="folder for durable session records (SQLite); sessions survive a restart"
+    )
     shutdown_grace: float = Field(
         default=30.0, ge=0, description="on SIGTERM, seconds in-flight requests get to finish before a 503"
     )
@@ -146,13 +194,23 @@ class GatewaySettings(BaseSettings):
         ge=64 * 1024,
         description="stream bytes a slow client may fall behind before it is cut off with an error",
     )
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="log level")
 
     @field_validator("prefill_budget_tokens", mode="before")
     @classmethod
     def _budget_off(cls, value: Any) -> Any:
         if isinstance(value, str) and value.strip().lower() in ("off", "none", "derived", "auto"):
             return 0 if value.strip().lower() == "off" else None
+        return value
+
+    @field_validator("trusted_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for network in value:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"trusted network must be an address or CIDR: {exc}") from None
         return value
 
     @field_validator("engines", mode="before")
@@ -191,7 +249,8 @@ class GatewaySettings(BaseSettings):
 
 
 def load_settings(flags: dict[str, Any], config_file: str | None = None) -> GatewaySettings:
-    """Settings from flags (only those given, i.e. not None), the environment and an optional file."""
+    """Settings from the flags given (a None value clears an optional limit), the environment and an
+    optional file."""
     settings_cls: type[GatewaySettings] = GatewaySettings
     if config_file:
         config = GatewaySettings.model_config.copy()
@@ -200,4 +259,4 @@ def load_settings(flags: dict[str, Any], config_file: str | None = None) -> Gate
         else:
             config["json_file"] = config_file
         settings_cls = type("GatewaySettingsFromFile", (GatewaySettings,), {"model_config": config})
-    return settings_cls(**{k: v for k, v in flags.items() if v is not None})
+    return settings_cls(**flags)

@@ -150,3 +150,16 @@ def test_an_aborted_queue_ends_what_waits_and_leaves_what_runs() -> None:
     assert [c.request_id for c in h.commands(Complete)] == ["a"]
     h.arrive("d")
     assert [d.request_id for d in h.commands(Dispatch)][-1] == "d"  # the gateway goes on serving
+
+
+def test_queue_aborted_with_ids_ends_only_the_named_waiting_requests() -> None:
+    h = Harness()
+    h.engines(e1=1)
+    for rid in ("a", "b", "c", "d"):
+        h.arrive(rid)  # a runs; b, c, d wait
+    out = h.send(QueueAborted(request_ids=frozenset({"a", "c"})))
+    # `a` runs on its engine (the edge aborts it there); `c` waited and ends here
+    assert [(f.request_id, f.reason) for f in of(out, Fail)] == [("c", FailReason.ABORTED)]
+    assert h.gw.stats().queue_depth == 2
+    h.finish("a")
+    assert [d.request_id for d in h.commands(Dispatch)][-1] == "b"

@@ -13,6 +13,7 @@ import pytest
 from tests.e2e.calls import Answer, openai_call, openai_client, started_streams
 from tests.e2e.conftest import MakeGateway
 from tests.e2e.harness import EngineSet, scrape_all
+from tests.server.users_path import metric_sum
 
 pytestmark = pytest.mark.e2e
 
@@ -88,4 +89,40 @@ async def test_gate_pause_pauses_the_engines_and_loses_nothing(
         assert resumed.status_code == 200, resumed.text
     assert_whole(await asyncio.gather(*arriving))
     await asyncio.gather(*holders)  # the held streams end normally too (an error event raises here)
+    await client.close()
+
+
+PAUSE_S = 6.0  # twice the stall timeout below: without the engine's own signal this is a hang
+
+
+async def test_an_engine_paused_directly_is_not_charged_or_quarantined(
+    engines: EngineSet, gateways: MakeGateway
+) -> None:
+    """A trainer pauses the real vLLM engines itself (`/pause?mode=keep`) and never tells the gateway: the gateway
+    reads `/is_paused`, charges nobody for the pause, quarantines no engine, and every call completes."""
+    gateway = gateways(stall_timeout=3, health_interval=1)
+    client = openai_client(gateway)
+    holders = await started_streams(gateway.url, engines, len(engines.urls), max_tokens=TOKENS)
+    whole = await requests(engines, client, len(engines.urls))
+    async with httpx.AsyncClient(timeout=60.0) as trainer:
+        for url in engines.urls:
+            assert (await trainer.post(url + "/pause", params={"mode": "keep"})).json() == {
+                "status": "paused"
+            }
+        try:
+            await asyncio.sleep(PAUSE_S)
+            state = (await trainer.get(gateway.url + "/admin/state")).json()
+            assert all(e["paused_by_engine"] for e in state["engines"]), state["engines"]
+        finally:
+            for url in engines.urls:
+                await trainer.post(url + "/resume")
+        answers = await asyncio.gather(*whole)
+        await asyncio.gather(*holders)  # the held streams end normally (an error event raises here)
+        metrics = (await trainer.get(gateway.url + "/metrics")).text
+    assert_whole(answers)
+    timings = [a.timing() for a in answers]
+    assert max(t["paused"] for t in timings) >= PAUSE_S - 2, timings  # recognised within a health interval
+    assert all(t["charged"] <= t["wall"] - t["paused"] + 0.5 for t in timings), timings
+    assert "# TYPE rolloutgate_engine_quarantines_total counter" in metrics
+    assert metric_sum(metrics, "rolloutgate_engine_quarantines_total") == 0
     await client.close()

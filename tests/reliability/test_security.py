@@ -15,7 +15,7 @@ from aiohttp.test_utils import make_mocked_request
 
 from rolloutgate.config import GatewaySettings
 from rolloutgate.errors import Forbidden, Unauthorized
-from rolloutgate.server.auth import check_admin
+from rolloutgate.server.auth import check_admin, check_worker_admin
 from tests.reliability.conftest import bump_figure
 from tests.server.conftest import MakeCluster, MakeGateway
 
@@ -113,14 +113,16 @@ def non_loopback_address() -> str | None:
     return None
 
 
-def test_without_a_token_admin_accepts_only_loopback_unless_remote_admin_is_allowed() -> None:
-    def request_from(peer: str) -> Any:
-        transport = mock.Mock()
-        transport.get_extra_info.side_effect = lambda name, default=None: (
-            (peer, 40000) if name == "peername" else default
-        )
-        return make_mocked_request("GET", "/admin/state", transport=transport)
+def request_from(peer: str, path: str = "/admin/state") -> Any:
+    """A request as the handler sees it, from `peer`."""
+    transport = mock.Mock()
+    transport.get_extra_info.side_effect = lambda name, default=None: (
+        (peer, 40000) if name == "peername" else default
+    )
+    return make_mocked_request("GET", path, transport=transport)
 
+
+def test_without_a_token_admin_accepts_only_loopback_unless_remote_admin_is_allowed() -> None:
     local = GatewaySettings()
     check_admin(request_from("127.0.0.1"), local)
     check_admin(request_from("::1"), local)
@@ -129,6 +131,43 @@ def test_without_a_token_admin_accepts_only_loopback_unless_remote_admin_is_allo
     check_admin(request_from("10.0.0.7"), GatewaySettings(allow_remote_admin=True))
     with pytest.raises(Unauthorized):  # a token, once set, is needed from everywhere
         check_admin(request_from("127.0.0.1"), GatewaySettings(admin_token=ADMIN_TOKEN))
+
+
+def test_a_trusted_network_may_register_workers_and_nothing_else() -> None:
+    trusting = GatewaySettings(admin_token=ADMIN_TOKEN, trusted_networks=["10.0.0.0/8", "fd00::/8"])
+    check_worker_admin(request_from("10.3.4.5"), trusting)
+    check_worker_admin(request_from("::ffff:10.3.4.5"), trusting)  # IPv4 seen by a dual-stack listener
+    check_worker_admin(request_from("fd00::7"), trusting)
+    with pytest.raises(Unauthorized):  # outside the networks: the token rule, unchanged
+        check_worker_admin(request_from("192.168.1.9"), trusting)
+    with pytest.raises(Unauthorized):  # every other admin call still needs the token from the trusted network
+        check_admin(request_from("10.3.4.5"), trusting)
+    with pytest.raises(Forbidden):  # no token, no trust: loopback only
+        check_worker_admin(request_from("10.3.4.5"), GatewaySettings())
+    with pytest.raises(ValueError, match="CIDR"):
+        GatewaySettings(trusted_networks=["10.0.0.0/33"])
+
+
+async def test_an_engine_registers_from_a_trusted_network_over_a_real_connection(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
+) -> None:
+    """As miles' engines do: `POST /workers` from their own host with no token, then remove themselves."""
+    address = non_loopback_address()
+    if address is None:
+        pytest.skip("this host has no non-loopback IPv4 address (the mocked-request test covers the rule)")
+    cluster = await make_cluster(engines=1)
+    gateway = await make_gateway(
+        engines=[], host=address, admin_token=ADMIN_TOKEN, trusted_networks=[f"{address}/32"]
+    )
+    added = await http.post(f"{gateway.url}/workers", json={"url": cluster.urls[0]})
+    assert added.status_code == 201, added.text
+    assert (await http.get(f"{gateway.url}/list_workers")).json() == {"urls": cluster.urls}
+    assert (await http.get(f"{gateway.url}/admin/state")).status_code == 401  # admin: the token, still
+    removed = await http.post(f"{gateway.url}/remove_worker", params={"url": cluster.urls[0]})
+    assert removed.status_code == 200, removed.text
+    untrusted = await make_gateway(engines=[], host=address, admin_token=ADMIN_TOKEN)
+    refused = await http.post(f"{untrusted.url}/workers", json={"url": cluster.urls[0]})
+    assert refused.status_code == 401, refused.text
 
 
 @pytest.mark.parametrize("allow_remote", [False, True])

@@ -74,5 +74,44 @@ async def test_a_pause_nobody_announced_is_not_charged_and_not_judged(
         assert pause_s - 8 <= timing["paused"] <= pause_s + 2, timing
         assert timing["charged"] < timing["wall"] - pause_s + 8, timing
     assert await quarantines(http, gateway.url) == 0
+    # The gateway reads the engine's readiness every PAUSED_POLL_S (0.05 real s here): a call the engine held
+    # through its pause can be answered before that read, so the flag clears within a few reads, not at once.
+    async with asyncio.timeout(5):
+        while (await http.get(f"{gateway.url}/admin/state")).json()["engines"][0]["paused_by_engine"]:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+
+async def test_a_trainers_direct_weight_update_is_seen_as_a_new_version_and_a_flushed_cache(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
+) -> None:
+    """miles' trainer, on the engine: pause (retract), flush, update, new version, continue. The gateway learns
+    the new version once the engine continues, and its sessions' next turns are priced as cold prefills."""
+    cluster = await make_cluster(engines=1, time_scale=SCALE)
+    gateway = await make_gateway(cluster)
+    core = gateway.context.driver.core
+    engine_url = cluster.urls[0]
+    session = {"X-Session-Id": "agent-1"}
+    first = await http.post(f"{gateway.url}/generate", json=generate_body(500, 8), headers=session)
+    assert first.status_code == 200, first.text
+    placed = core.session_placement("agent-1")
+    assert placed is not None and placed[1] > 100
+    assert (await http.post(f"{engine_url}/pause_generation", json={"mode": "retract"})).status_code == 200
+    async with asyncio.timeout(30):
+        while not gateway.context.pool.engines[placed[0]].paused_by_engine:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)  # the health loop reads the engine's readiness on its own cadence
+    assert (await http.get(f"{engine_url}/flush_cache")).status_code == 200
+    updated = await http.post(f"{engine_url}/update_weights_from_disk", json={"model_path": "/ckpt/step-2"})
+    assert updated.status_code == 200, updated.text
+    version = await http.post(
+        f"{engine_url}/update_weight_version", json={"new_version": "step-2", "abort_all_requests": False}
+    )
+    assert version.status_code == 200, version.text
+    assert (await http.post(f"{engine_url}/continue_generation", json={})).status_code == 200
+    async with asyncio.timeout(30):
+        while core.session_placement("agent-1") != (placed[0], 0):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)  # read by the health loop after the engine continues
     state = (await http.get(f"{gateway.url}/admin/state")).json()
-    assert [e["paused_by_engine"] for e in state["engines"]] == [False]
+    assert [e["weight_version"] for e in state["engines"]] == ["step-2"]
+    answer = await http.post(f"{gateway.url}/generate", json=generate_body(50, 4), headers=session)
+    assert answer.json()["meta_info"]["weight_version"] == "step-2"
+    assert await quarantines(http, gateway.url) == 0

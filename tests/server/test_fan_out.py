@@ -109,3 +109,49 @@ async def test_flush_cache_reaches_every_engine_and_says_which_did_not_flush(
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "timeout"
     await http.post(f"{cluster.urls[0]}/abort_request", json={"abort_all": True})
     await busy
+
+
+async def test_a_clients_rid_reaches_the_engine_and_its_aborts_match_waiting_and_running_calls(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
+) -> None:
+    """miles' multi-LoRA abort: `{"rid": "<adapter>::", "prefix": true}`, to the engines directly or through the
+    gateway, ends that adapter's calls and no other; an exact rid through the gateway ends that call."""
+    cluster = await make_cluster(engines=1, time_scale=SCALE)
+    gateway = await make_gateway(cluster, capacity=2)
+    model = cluster.engines[0].model
+
+    def call(rid: str) -> asyncio.Task[httpx.Response]:
+        body = {**generate_body(50, 20_000), "rid": rid}
+        return asyncio.create_task(http.post(f"{gateway.url}/generate", json=body, timeout=None))
+
+    running_a, running_b = call("lora-a::1"), call("lora-b::1")
+    async with asyncio.timeout(30):
+        while len([r for r in model.requests() if r.completion_tokens > 5]) < 2:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)  # the simulator has no event to wait on; its state is read in place
+    assert sorted(r.rid.split("@")[0] for r in model.requests()) == ["lora-a::1", "lora-b::1"]
+    waiting_a, waiting_exact = call("lora-a::2"), call("one-call")
+    async with asyncio.timeout(30):
+        while (await http.get(f"{gateway.url}/admin/state")).json()["queue_depth"] < 2:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)  # the queue depth is read from the gateway's state
+    # straight to the engine, as miles does: the running call of adapter a ends, b's goes on
+    assert (
+        await http.post(f"{cluster.urls[0]}/abort_request", json={"rid": "lora-a::", "prefix": True})
+    ).is_success
+    first = await running_a
+    assert first.json()["meta_info"]["finish_reason"]["type"] == "abort"
+    # through the gateway: the waiting call of adapter a, and one exact rid, end at once
+    assert (
+        await http.post(f"{gateway.url}/abort_request", json={"rid": "lora-a::", "prefix": True})
+    ).is_success
+    assert (await waiting_a).json()["meta_info"]["finish_reason"]["type"] == "abort"
+    assert (await http.post(f"{gateway.url}/abort_request", json={"rid": "one-call"})).is_success
+    exact = await waiting_exact
+    assert exact.json()["meta_info"]["finish_reason"]["type"] == "abort", exact.text
+    assert not running_b.done()
+    # an exact rid through the gateway reaches the call running on the engine under its engine id
+    assert (await http.post(f"{gateway.url}/abort_request", json={"rid": "lora-b::1"})).is_success
+    last = await running_b
+    assert last.json()["meta_info"]["finish_reason"]["type"] == "abort"
+    assert 0 < last.json()["meta_info"]["completion_tokens"] < 20_000
+    bad = await http.post(f"{gateway.url}/abort_request", json={"rid": ["a"]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "rid"

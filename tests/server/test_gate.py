@@ -57,7 +57,13 @@ async def one_request(http: httpx.AsyncClient, url: str, stream: bool) -> dict[s
 
 @pytest.mark.parametrize(
     ("mode", "stream", "staggered"),
-    [("drain", True, False), ("abort", False, False), ("in_place", True, False), ("in_place", False, True)],
+    [
+        ("drain", True, False),
+        ("abort", False, False),
+        ("in_place", True, False),
+        ("retract", False, False),
+        ("in_place", False, True),
+    ],
 )
 async def test_an_update_in_the_middle_of_a_run_gives_no_timeout_and_no_client_error(
     make_cluster: MakeCluster, make_gateway: MakeGateway, mode: str, stream: bool, staggered: bool
@@ -97,6 +103,47 @@ async def test_an_update_in_the_middle_of_a_run_gives_no_timeout_and_no_client_e
     assert any(t["paused"] > 0 for t in timings), timings  # the pause shows in the breakdowns, uncharged
     if staggered:
         assert serving and all(serving), "at every sample during a staggered update one engine served"
+
+
+async def test_external_mode_holds_the_queue_while_the_trainer_pauses_the_engines_itself(
+    make_cluster: MakeCluster, make_gateway: MakeGateway
+) -> None:
+    """miles' trainer, told to say so: `/admin/pause {"mode": "external"}`, then its own pause, update and
+    continue on each engine, then `/admin/resume`. The gateway calls no engine, holds new work in its queue,
+    and charges nobody meanwhile."""
+    cluster = await make_cluster(engines=1, time_scale=SCALE, weight_update_s=UPDATE_S)
+    gateway = await make_gateway(cluster, timeout=TIMEOUT_S)
+    engine = cluster.engines[0]
+    async with httpx.AsyncClient(timeout=120) as http:
+        running = asyncio.create_task(one_request(http, gateway.url, False))
+        async with asyncio.timeout(30):
+            while not any(r.completion_tokens > 100 for r in engine.model.requests()):  # noqa: ASYNC110
+                await asyncio.sleep(0.02)  # the simulator has no event to wait on; its state is read in place
+        closed = await http.post(f"{gateway.url}/admin/pause", json={"mode": "external"})
+        assert closed.status_code == 200 and closed.json()["mode"] == "external"
+        assert not engine.state(include_requests=False)["paused"]  # the gateway sent the engine nothing
+        waiting = asyncio.create_task(one_request(http, gateway.url, False))
+        assert (await http.post(f"{engine.url}/pause_generation", json={"mode": "retract"})).is_success
+        updated = await http.post(
+            f"{engine.url}/update_weights_from_disk",
+            json={"model_path": "/ckpt/step-2", "weight_version": "step-2"},
+        )
+        assert updated.is_success, updated.text
+        assert (await http.get(f"{gateway.url}/admin/state")).json()["queue_depth"] == 1  # held
+        assert (await http.post(f"{engine.url}/continue_generation", json={})).is_success
+        assert (await http.post(f"{gateway.url}/admin/resume", json={"weights_updated": True})).is_success
+        first, second = await asyncio.gather(running, waiting)
+    assert first["paused"] >= UPDATE_S and first["charged"] <= TIMEOUT_S, first
+    assert second["weight_version"] == "step-2" and second["paused"] >= UPDATE_S, second
+    refused = await gateway_update_in_external_mode(gateway.url)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "mode"
+
+
+async def gateway_update_in_external_mode(url: str) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=30) as http:
+        return await http.post(
+            f"{url}/admin/update_weights", json={"path": "/update_weights_from_disk", "mode": "external"}
+        )
 
 
 async def watch_serving(cluster: Any, update: asyncio.Task[httpx.Response]) -> list[bool]:

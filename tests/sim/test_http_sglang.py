@@ -66,6 +66,32 @@ async def test_generate_input_ids_with_logprobs(
     assert again["output_ids"] == body["output_ids"]
 
 
+async def test_batch_scoring_returns_the_prompts_logprobs_from_the_start_asked(
+    make_cluster: ClusterFactory, session: aiohttp.ClientSession
+) -> None:
+    """miles' scoring call: a batch of prompts, no new tokens, `input_token_logprobs` from `logprob_start_len`."""
+    cluster = await make_cluster(time_scale=SCALE)
+    body = {
+        "input_ids": [[5, 6, 7, 8], [9, 10, 11]],
+        "sampling_params": {"max_new_tokens": 0},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+    }
+    status, answers = await post_json(session, cluster.urls[0] + "/generate", body)
+    assert status == 200 and len(answers) == 2
+    for answer, prompt in zip(answers, body["input_ids"], strict=True):
+        scored = answer["meta_info"]["input_token_logprobs"]
+        assert [t[1] for t in scored] == prompt and scored[0][0] is None
+        assert all(t[0] <= 0 for t in scored[1:])
+        assert answer["meta_info"]["completion_tokens"] == 0
+    _, again = await post_json(session, cluster.urls[0] + "/generate", {**body, "logprob_start_len": 2})
+    assert (
+        again[0]["meta_info"]["input_token_logprobs"] == answers[0]["meta_info"]["input_token_logprobs"][2:]
+    )
+    status, _ = await post_json(session, cluster.urls[0] + "/generate", {**body, "logprob_start_len": 3})
+    assert status == 400  # at or past the second prompt's length
+
+
 async def test_generate_streams_cumulative_chunks_every_interval(
     make_cluster: ClusterFactory, session: aiohttp.ClientSession
 ) -> None:

@@ -59,6 +59,10 @@ class PauseMode(enum.Enum):
     DRAIN = "drain"  # stop dispatching; in-flight work runs to its end
     ABORT = "abort"  # abort in-flight work on the engines and re-queue it to run after resume
     IN_PLACE = "in_place"  # engines pause with their KV cache kept; in-flight work resumes where it was
+    RETRACT = "retract"  # SGLang's own default: engines pause and free the KV cache of what runs, which
+    # stays theirs and is prefilled again when they continue (vLLM: keep)
+    EXTERNAL = "external"  # the trainer pauses and continues the engines itself; the gateway only holds its
+    # queue and charges nobody (in-flight work stays on the engines, as in place)
 
 
 @dataclass(**_frozen)
@@ -215,9 +219,11 @@ class EngineResumed:
 
 @dataclass(**_frozen)
 class QueueAborted:
-    """A client asked to abort everything (SGLang `/abort_request {"abort_all": true}`, miles' end of a rollout
-    step): every request still waiting in the gateway ends now, aborted; the engines answer their running
-    ones themselves."""
+    """A client asked to abort (SGLang `/abort_request`): the requests still waiting in the gateway end now,
+    aborted; the engines answer their running ones themselves. All of them (`{"abort_all": true}`, miles' end
+    of a rollout step) when `request_ids` is None, else those named (the ones a client's `rid` matched)."""
+
+    request_ids: frozenset[str] | None = None
 
 
 # --- the gate -------------------------------------------------------------------------------------------

@@ -476,6 +476,8 @@ class Gateway(GatewayLedger):
     def _on_queue_aborted(self, ev: QueueAborted, now: float) -> list[Command]:
         out: list[Command] = []
         for request_id in self._queue.ids_in_order():
+            if ev.request_ids is not None and request_id not in ev.request_ids:
+                continue
             self._fail(self._requests[request_id], FailReason.ABORTED, now, out, detail="abort_request")
         return out
 

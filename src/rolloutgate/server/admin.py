@@ -11,7 +11,9 @@ core's events:
                            pause e -> update e -> continue e -> EngineResumed(e); the others keep serving
 
 Engine pause modes per family: SGLang `pause_generation` (abort, retract, in_place), vLLM `/pause`
-(abort, wait, keep); a drain needs no engine call (the gateway simply stops dispatching).
+(abort, wait, keep); a drain needs no engine call (the gateway simply stops dispatching), nor does `external`:
+a trainer that pauses and continues the engines itself (miles) says so with `POST /admin/pause {"mode":
+"external"}` before and `/admin/resume` after, and the gateway holds its queue and charges nobody meanwhile.
 """
 
 from __future__ import annotations
@@ -93,9 +95,13 @@ def _gate_state(ctx: GatewayContext) -> dict[str, Any]:
     return gate
 
 
+# modes in which the gateway sends the engines nothing: it drains them itself, or the trainer pauses them
+_NO_ENGINE_CALLS = frozenset({PauseMode.DRAIN, PauseMode.EXTERNAL})
+
+
 async def _pause_engines(engines: list[EngineHandle], mode: PauseMode) -> dict[str, str | None]:
     """Pause the engines themselves where the mode needs it; returns per engine the error, if any."""
-    if mode is PauseMode.DRAIN:
+    if mode in _NO_ENGINE_CALLS:
         return {e.engine_id: None for e in engines}
     results = await asyncio.gather(*(e.client.pause(mode.value) for e in engines), return_exceptions=True)
     return {
@@ -105,7 +111,7 @@ async def _pause_engines(engines: list[EngineHandle], mode: PauseMode) -> dict[s
 
 
 async def _resume_engines(engines: list[EngineHandle], mode: PauseMode) -> None:
-    if mode is PauseMode.DRAIN:
+    if mode in _NO_ENGINE_CALLS:
         return
     await asyncio.gather(*(e.client.resume() for e in engines), return_exceptions=True)
 
@@ -215,6 +221,13 @@ async def update_weights(request: web.Request) -> web.Response:
     if not isinstance(payload, dict):
         raise BadRequest("'body' must be an object", param="body", code="invalid_type")
     mode = _mode(body, default="in_place")
+    if mode is PauseMode.EXTERNAL:
+        raise BadRequest(
+            "mode 'external' means the trainer pauses and updates the engines itself: use /admin/pause and "
+            "/admin/resume around its own update",
+            param="mode",
+            code="invalid_mode",
+        )
     drain_timeout = body.get("drain_timeout", 600.0)
     if (
         isinstance(drain_timeout, bool)

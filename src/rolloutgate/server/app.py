@@ -34,7 +34,7 @@ from rolloutgate.core.events import ClockMode
 from rolloutgate.core.gateway import Gateway, GatewayCoreConfig
 from rolloutgate.engines.base import UpstreamError
 from rolloutgate.errors import GatewayError, Unavailable
-from rolloutgate.server import admin, fan_out, front, workers
+from rolloutgate.server import admin, engine_metrics, fan_out, front, workers
 from rolloutgate.server.attach import Attachments
 from rolloutgate.server.context import CONTEXT, GatewayContext
 from rolloutgate.server.driver import Driver, GatewayClock
@@ -146,6 +146,7 @@ def build_app(settings: GatewaySettings) -> web.Application:
     workers.add_routes(app)
     admin.add_routes(app)
     fan_out.add_routes(app)
+    engine_metrics.add_routes(app)
     mount_sessions(app)
     front.add_proxy_route(app)
     return app

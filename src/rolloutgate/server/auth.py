@@ -10,7 +10,7 @@ from aiohttp import web
 from rolloutgate.config import GatewaySettings
 from rolloutgate.errors import Forbidden, Unauthorized
 
-__all__ = ("check_admin", "check_api_key")
+__all__ = ("check_admin", "check_api_key", "check_worker_admin")
 
 
 def _bearer(request: web.Request) -> str | None:
@@ -19,14 +19,32 @@ def _bearer(request: web.Request) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-def _is_loopback(request: web.Request) -> bool:
-    remote = request.remote
-    if not remote:
-        return False
+def _remote_address(request: web.Request) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
-        return ipaddress.ip_address(remote).is_loopback
+        address = ipaddress.ip_address(request.remote or "")
     except ValueError:
-        return False
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped  # a dual-stack listener sees IPv4 callers as ::ffff:a.b.c.d
+    return address
+
+
+def _is_loopback(request: web.Request) -> bool:
+    address = _remote_address(request)
+    return address is not None and address.is_loopback
+
+
+def check_worker_admin(request: web.Request, settings: GatewaySettings) -> None:
+    """The calls a training cluster's own machines make with no token (reference/miles.md): engines
+    registering and removing themselves, and the rollout's engine-control calls (`/abort_request`,
+    `/flush_cache`). As any admin call, or from a trusted network; pause, update and every other admin call
+    stay behind the token."""
+    address = _remote_address(request)
+    if address is not None and any(
+        address in ipaddress.ip_network(network, strict=False) for network in settings.trusted_networks
+    ):
+        return
+    check_admin(request, settings)
 
 
 def check_admin(request: web.Request, settings: GatewaySettings) -> None:
@@ -39,7 +57,10 @@ def check_admin(request: web.Request, settings: GatewaySettings) -> None:
             )
         return
     if not settings.allow_remote_admin and not _is_loopback(request):
-        raise Forbidden("admin endpoints accept only loopback clients unless --allow-remote-admin is set")
+        raise Forbidden(
+            "admin endpoints accept only loopback clients unless --allow-remote-admin is set (engines "
+            "registering themselves: --trust-network CIDR)"
+        )
 
 
 def check_api_key(request: web.Request, settings: GatewaySettings) -> None:

@@ -9,72 +9,70 @@ import gc
 import logging
 import signal
 import sys
+import typing
 from collections.abc import Callable
+from typing import Any
 
-from rolloutgate.config import load_settings
+from pydantic import ValidationError
+
+from rolloutgate.config import GatewaySettings, load_settings
 
 __all__ = ("add_arguments", "run")
 
 
+# Flags whose name is not the setting's: repeatable ones are named for one value.
+_FLAG_NAMES = {"engines": "--engine", "api_keys": "--api-key", "trusted_networks": "--trust-network"}
+_LIST_METAVARS = {"engines": "URL", "api_keys": "KEY", "trusted_networks": "CIDR"}
+_NONE_WORDS = frozenset({"none", "null"})
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add("--config", help="TOML or JSON file with any of the settings below (flags win, then environment)")
-    add("--host", help="address to bind (default 127.0.0.1)")
-    add("--port", type=int, help="port to bind (default 8000; 0 picks a free one)")
-    add(
-        "--engine",
-        dest="engines",
-        action="append",
-        metavar="URL",
-        help="engine URL, repeatable; prefix the family to skip detection: vllm+http://host:port",
+    """One flag per setting, from `GatewaySettings` itself: a new setting is a flag the moment it exists.
+
+    Values go to pydantic as text, so a flag is checked exactly as the same value in the environment or the
+    config file is; `none` clears an optional limit. Only flags given reach the settings (SUPPRESS)."""
+    parser.add_argument(
+        "--config", help="TOML or JSON file with any of the settings below (flags win, then environment)"
     )
-    add("--sim", type=int, metavar="N", help="serve in front of N simulated engines started in this process")
-    add("--sim-api", choices=["sglang", "vllm"])
-    add("--sim-profile")
-    add("--time-scale", type=float, help="gateway seconds per real second (match the simulator's)")
-    add("--clock", choices=["engine", "wallclock"], help="what timeouts measure (default engine)")
-    add("--timeout", type=float, help="charged engine seconds per request (default 600)")
-    add("--stall-timeout", type=float, help="seconds without progress before a stall verdict (default 60)")
-    add("--queue-timeout", type=float, help="seconds a request may wait in the gateway queue (default none)")
-    add("--max-wall", type=float, help="absolute cap on a request's wall time (default none)")
-    add("--capacity", type=int, help="in-flight requests per engine (default: read from the engine)")
-    add("--keepalive-interval", type=float, help="seconds of client silence before a keep-alive (0 = off)")
-    add("--retry-grace", type=float, help="seconds a disconnected client's generation waits for a retry")
-    add("--admin-token", help="token required by admin and worker endpoints")
-    add("--allow-remote-admin", action="store_const", const=True, help="admin from non-loopback clients")
-    add("--api-key", dest="api_keys", action="append", help="accepted inference API key, repeatable")
-    add(
-        "--engine-poll-interval",
-        type=float,
-        help="seconds between load readings of an engine whose calls come whole (default stall/20, <= 3)",
-    )
-    add(
-        "--placement",
-        choices=["prefill_aware", "session_affinity", "least_outstanding"],
-        help="placement policy (default prefill_aware; docs/prefill.md)",
-    )
-    add(
-        "--prefill-budget-tokens",
-        help="uncached prompt tokens in prefill per engine; 'off' disables (default derived)",
-    )
-    add(
-        "--prefill-rest-ratio",
-        type=float,
-        help="rest after long prefills, as a share of their time (default 0.5)",
-    )
-    add("--tokenizer", help="local Hugging Face tokenizer folder for token-in-token-out sessions")
-    add("--state-dir", help="folder for durable session records (SQLite); sessions survive a restart")
-    add(
-        "--shutdown-grace",
-        type=float,
-        help="seconds in-flight requests get to finish on SIGTERM (default 30)",
-    )
-    add("--log-level", choices=["debug", "info", "warning", "error"])
+    for name, field in GatewaySettings.model_fields.items():
+        flag = _FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+        help_text = (
+            f"{field.description} (default {_default_text(field.get_default(call_default_factory=True))})"
+        )
+        annotation = field.annotation
+        options: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
+        if annotation is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(annotation) is list:
+            options["action"] = "append"
+            options["metavar"] = _LIST_METAVARS.get(name, "VALUE")
+        elif typing.get_origin(annotation) is typing.Literal:
+            options["choices"] = list(typing.get_args(annotation))
+        elif type(None) in typing.get_args(annotation):
+            options["type"] = _optional
+            options["metavar"] = "VALUE|none"
+        parser.add_argument(flag, **options)
+
+
+def _optional(text: str) -> str | None:
+    return None if text.strip().lower() in _NONE_WORDS else text
+
+
+def _default_text(value: object) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, list):
+        return "none" if not value else ", ".join(map(str, value))
+    return str(value)
 
 
 def run(args: argparse.Namespace) -> int:
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
-    settings = load_settings(flags, args.config)
+    try:
+        settings = load_settings(flags, getattr(args, "config", None))
+    except ValidationError as exc:
+        print(f"rolloutgate serve: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )

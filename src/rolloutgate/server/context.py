@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,8 @@ class GatewayContext:
     extras: dict[str, Any] = field(default_factory=dict)  # parts mounted later (sessions, sim cluster)
     draining: bool = False  # shutting down: new requests get 503, in-flight ones finish (app.py)
     active_requests: int = 0  # handlers running now (counted by server/guard.py)
+    # one per gateway process, in `/health` (miles' `session_server_instance_id`: a restart is a new instance)
+    instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
     def engine_clock(self) -> bool:

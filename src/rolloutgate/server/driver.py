@@ -40,6 +40,7 @@ from rolloutgate.core.events import (
     ClientDisconnected,
     Event,
     ProgressReported,
+    QueueAborted,
     RequestArrived,
     UpstreamFailed,
     UpstreamFinished,
@@ -60,13 +61,15 @@ __all__ = ("Driver", "GatewayClock", "upstream_id")
 log = logging.getLogger("rolloutgate.driver")
 
 
-def upstream_id(request_id: str, attempt: int) -> str:
+def upstream_id(request_id: str, attempt: int, client_rid: str | None = None) -> str:
     """The id an attempt carries upstream (SGLang rid / vLLM X-Request-Id).
 
     Gateway ids have a fixed length, so with a fixed-width suffix no upstream id is a prefix of another
-    (SGLang's abort matches by prefix).
+    (SGLang's abort matches by prefix). A client's own `rid` leads, so the client's prefix aborts sent to the
+    engines directly (miles' multi-LoRA `{"rid": "<adapter>::", "prefix": true}`) still match its calls.
     """
-    return f"{request_id}-{attempt:02d}"
+    own = f"{request_id}-{attempt:02d}"
+    return own if client_rid is None else f"{client_rid}@{own}"
 
 
 def max_new_tokens(body: dict[str, Any]) -> int | None:
@@ -276,7 +279,7 @@ class Driver:
                 )
                 return
         call = UpstreamCall(
-            request_id=upstream_id(exchange.request_id, command.attempt),
+            request_id=upstream_id(exchange.request_id, command.attempt, exchange.client_rid),
             route=exchange.route,
             body=body,
             headers=exchange.forward_headers,
@@ -375,7 +378,7 @@ class Driver:
         assert self.pool is not None
         engine = self.pool.engines.get(command.engine_id)
         if engine is not None and self.abort_upstream and attempt:
-            self._spawn(engine.client.abort(upstream_id(command.request_id, attempt)))
+            self._spawn(engine.client.abort(upstream_id(command.request_id, attempt, exchange.client_rid)))
 
     def _mark_engine(self, command: MarkEngine) -> None:
         assert self.pool is not None
@@ -397,6 +400,31 @@ class Driver:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def abort_client_rid(self, rid: str, *, prefix: bool) -> int:
+        """A client's `/abort_request {"rid"}`, with the client's own rid: its calls still waiting end now with
+        the abort answer; those running are aborted on their engines by the id they carry there (the engine
+        answers them, finish reason abort). Returns how many calls matched."""
+        matched = [
+            e
+            for e in self.exchanges.values()
+            if e.client_rid is not None
+            and not e.ended
+            and (e.client_rid.startswith(rid) if prefix else e.client_rid == rid)
+        ]
+        if not matched:
+            return 0
+        self.handle(QueueAborted(request_ids=frozenset(e.request_id for e in matched)))
+        assert self.pool is not None
+        for exchange in matched:
+            engine = self.pool.engines.get(exchange.engine_id or "")
+            if engine is not None and exchange.attempt and not exchange.ended:
+                self._spawn(
+                    engine.client.abort(
+                        upstream_id(exchange.request_id, exchange.attempt, exchange.client_rid)
+                    )
+                )
+        return len(matched)
+
     def fail_all(self, make_error: Callable[[], GatewayError]) -> int:
         """Shutdown: end every open exchange with `make_error()` (its client reads it) and abort the generations
         still running upstream, so no engine works for a gateway that is gone. Returns how many ended."""
@@ -408,7 +436,11 @@ class Driver:
             exchange.cancel_upstream()
             engine = self.pool.engines.get(exchange.engine_id or "")
             if running and engine is not None and exchange.attempt:
-                self._spawn(engine.client.abort(upstream_id(exchange.request_id, exchange.attempt)))
+                self._spawn(
+                    engine.client.abort(
+                        upstream_id(exchange.request_id, exchange.attempt, exchange.client_rid)
+                    )
+                )
             self._end(exchange, make_error())
         return len(exchanges)
 

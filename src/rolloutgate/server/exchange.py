@@ -175,6 +175,12 @@ class Exchange:
     ended: bool = False
     on_abandoned: Callable[[Exchange], None] | None = None  # the last reader was cut off (set by the driver)
 
+    @property
+    def client_rid(self) -> str | None:
+        """The client's own `rid` (SGLang bodies), which leads the id its calls carry upstream."""
+        rid = self.body.get("rid")
+        return rid if isinstance(rid, str) and rid else None
+
     def subscribe(self) -> Outbox:
         """A queue of everything this exchange publishes from now on (stream history first, if kept)."""
         queue = Outbox()

@@ -5,8 +5,14 @@ for every pending call. Sent to one engine, it would miss the calls still waitin
 then start and run to their end while miles waits. Here an `abort_all` first ends every call waiting in the
 gateway (`QueueAborted`: a `/generate` gets SGLang's own answer for a call aborted while it waited, finish
 reason abort, at once; other routes a 400 `aborted`), then goes to every SGLang engine of the pool, which
-answers what it runs itself (finish reason abort, with the output so far). Any other body (one `rid`) goes
-to every SGLang engine as it came. The answer is SGLang's: an empty 200.
+answers what it runs itself (finish reason abort, with the output so far). A `rid` is the client's own (calls
+carry it upstream as the lead of their engine id, server/driver.py `upstream_id`): the gateway's calls with
+that rid (or, with `"prefix": true`, starting with it) end the same way, waiting or running. The body also
+goes to every SGLang engine as it came, for calls made to the engines directly. The answer is SGLang's: an
+empty 200.
+
+Who may call them: an admin, or the cluster's own machines (`--trust-network`), which is where miles sends
+them from, with no token.
 
 A call dispatched but not yet at its engine when the engine takes the abort is not aborted (a window of one
 loopback send).
@@ -29,7 +35,7 @@ from rolloutgate.core.events import EngineCacheFlushed, QueueAborted
 from rolloutgate.engines.base import EngineFamily, UpstreamError
 from rolloutgate.engines.http import post_json, status_of
 from rolloutgate.errors import BadRequest
-from rolloutgate.server.auth import check_admin
+from rolloutgate.server.auth import check_worker_admin
 from rolloutgate.server.context import CONTEXT
 from rolloutgate.server.guard import guarded
 from rolloutgate.server.validate import parse_body
@@ -43,14 +49,22 @@ ENGINE_CALL_S = 10.0  # real seconds each engine has to take the abort
 
 async def abort_request(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
-    check_admin(request, ctx.settings)
+    check_worker_admin(request, ctx.settings)
     raw = await request.read()
     body = parse_body(raw, ctx.settings) if raw.strip() else {}
     abort_all = body.get("abort_all", False)
     if not isinstance(abort_all, bool):
         raise BadRequest("'abort_all' must be a boolean", param="abort_all", code="invalid_type")
+    rid = body.get("rid")
+    if rid is not None and not isinstance(rid, str):
+        raise BadRequest("'rid' must be a string", param="rid", code="invalid_type")
+    prefix = body.get("prefix", False)
+    if not isinstance(prefix, bool):
+        raise BadRequest("'prefix' must be a boolean", param="prefix", code="invalid_type")
     if abort_all:
         ctx.driver.handle(QueueAborted())
+    elif rid:
+        ctx.driver.abort_client_rid(rid, prefix=prefix)
     engines = [e for e in ctx.pool.engines.values() if e.info.family is EngineFamily.SGLANG]
     limits = aiohttp.ClientTimeout(total=ENGINE_CALL_S)
     results = await asyncio.gather(
@@ -70,7 +84,7 @@ async def abort_request(request: web.Request) -> web.Response:
 
 async def flush_cache(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
-    check_admin(request, ctx.settings)
+    check_worker_admin(request, ctx.settings)
     engines = [e for e in ctx.pool.engines.values() if e.info.family is EngineFamily.SGLANG]
     query = f"?{request.query_string}" if request.query_string else ""
     timeout_s = _flush_timeout_s(request)

@@ -346,7 +346,13 @@ async def health(request: web.Request) -> web.Response:
     engines = ctx.pool.engines.values()
     healthy = sum(1 for e in engines if e.healthy and e.state == "healthy")
     return web.json_response(
-        {"status": "ok", "engines": len(ctx.pool.engines), "healthy_engines": healthy}, dumps=_dumps
+        {
+            "status": "ok",
+            "engines": len(ctx.pool.engines),
+            "healthy_engines": healthy,
+            "session_server_instance_id": ctx.instance_id,
+        },
+        dumps=_dumps,
     )
 
 

@@ -30,6 +30,7 @@ import aiohttp
 from rolloutgate.config import EngineSpec, GatewaySettings
 from rolloutgate.core.admission import default_prefill_budget
 from rolloutgate.core.events import (
+    EngineCacheFlushed,
     EngineHealthChecked,
     EngineJoined,
     EngineLeft,
@@ -156,11 +157,11 @@ class EnginePool:
                 continue
             if handle.paused_by_engine and readiness is Readiness.NOT_READY:
                 if await self._check_health(handle):  # clears SGLang's mark once generation continues
-                    self._resumed_by_engine(handle)
+                    await self._resumed_by_engine(handle)
                     self._record_health(handle, True)
                 continue
             if handle.paused_by_engine:
-                self._resumed_by_engine(handle)
+                await self._resumed_by_engine(handle)
             ok = await self._check_health(handle)
             if handle.is_in_maintenance():
                 continue  # a paused or updating engine may fail its health probe (SGLang's generates a token)
@@ -188,10 +189,30 @@ class EnginePool:
         # every reading (the core ignores a repeat): an admin pause that ended meanwhile resumed it in the core
         self.emit(EnginePaused(engine_id=handle.engine_id))
 
-    def _resumed_by_engine(self, handle: EngineHandle) -> None:
+    async def _resumed_by_engine(self, handle: EngineHandle) -> None:
         handle.paused_by_engine = False
         log.warning("%s (%s) continues generating", handle.engine_id, handle.url)
         self.emit(EngineResumed(engine_id=handle.engine_id))
+        await self._read_weight_version(handle)
+
+    async def _read_weight_version(self, handle: EngineHandle) -> None:
+        """After a pause nobody told the gateway of (a trainer's weight update, as a rule): a new weight
+        version means new weights, so the engine's prefix cache counts as flushed (SGLang flushes it on an
+        update; miles' trainer flushes it too) and placement prices its sessions' next turns as cold."""
+        try:
+            info = await handle.client.probe()  # also renews the adapter's weight version for its answers
+        except UpstreamError as error:
+            log.info("%s: no weight version after its pause: %s", handle.engine_id, error.message)
+            return
+        if info.weight_version != handle.info.weight_version:
+            log.warning(
+                "%s weight version %s -> %s: its prefix cache counts as flushed",
+                handle.engine_id,
+                handle.info.weight_version,
+                info.weight_version,
+            )
+            handle.info = info
+            self.emit(EngineCacheFlushed(engine_id=handle.engine_id))
 
     def _record_health(self, handle: EngineHandle, ok: bool) -> None:
         if ok:

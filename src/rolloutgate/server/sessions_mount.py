@@ -87,6 +87,7 @@ def mount_sessions(app: web.Application) -> None:
             max_records_per_session=settings.session_max_records,
             idle_ttl_s=settings.session_idle_ttl,
             max_bytes=settings.session_max_bytes,
+            keep_branches=settings.session_tree,
         ),
         journal=store,
     )
@@ -105,7 +106,12 @@ def mount_sessions(app: web.Application) -> None:
         GatewayDispatcher(ctx),
         ctx.driver.clock,
         renderer=renderer,
-        settings=SessionSettings(max_model_len=min(models) if models else None),
+        settings=SessionSettings(
+            max_model_len=min(models) if models else None,
+            tree=settings.session_tree,
+            picker=settings.session_picker,
+            samples_weight_versions=settings.samples_weight_versions,
+        ),
     )
     ctx.extras["sessions"] = service
     ctx.metrics.watch_samples(lambda: registry.stats().metric_samples())

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from rolloutgate.config import EngineSpec
 from rolloutgate.engines.base import UpstreamError
 from rolloutgate.errors import BadRequest, NotFound, UpstreamFailure
-from rolloutgate.server.auth import check_admin
+from rolloutgate.server.auth import check_worker_admin
 from rolloutgate.server.context import CONTEXT
 from rolloutgate.server.guard import guarded
 from rolloutgate.server.validate import parse_body
@@ -42,7 +42,7 @@ async def _add(request: web.Request, spec_fields: dict[str, Any]) -> web.Respons
 
 async def add_worker(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
-    check_admin(request, ctx.settings)
+    check_worker_admin(request, ctx.settings)
     body = parse_body(await request.read(), ctx.settings)
     if not isinstance(body.get("url"), str):
         raise BadRequest("'url' is required", param="url", code="invalid_worker")
@@ -62,13 +62,13 @@ def _refuse_disaggregated(worker_type: object) -> None:
 
 async def list_workers_api(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
-    check_admin(request, ctx.settings)
+    check_worker_admin(request, ctx.settings)
     return _json({"workers": [e.describe() for e in ctx.pool.engines.values()]})
 
 
 async def delete_worker(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
-    check_admin(request, ctx.settings)
+    check_worker_admin(request, ctx.settings)
     worker_id = request.match_info["worker_id"]
     handle = ctx.pool.engines.get(worker_id) or ctx.pool.by_url(worker_id)
     if handle is None:
@@ -79,7 +79,7 @@ async def delete_worker(request: web.Request) -> web.Response:
 
 async def miles_add_worker(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
-    check_admin(request, ctx.settings)
+    check_worker_admin(request, ctx.settings)
     raw = await request.read()
     body = parse_body(raw, ctx.settings) if raw.strip() else {}
     url = request.query.get("url") or request.query.get("worker_url") or body.get("url")
@@ -91,7 +91,7 @@ async def miles_add_worker(request: web.Request) -> web.Response:
 
 async def miles_remove_worker(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
-    check_admin(request, ctx.settings)
+    check_worker_admin(request, ctx.settings)
     url = request.query.get("url") or request.query.get("worker_url")
     if not url:
         raise BadRequest("query parameter 'url' is required", param="url", code="invalid_worker")
@@ -104,7 +104,7 @@ async def miles_remove_worker(request: web.Request) -> web.Response:
 
 async def miles_list_workers(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
-    check_admin(request, ctx.settings)
+    check_worker_admin(request, ctx.settings)
     return _json({"urls": [e.url for e in ctx.pool.engines.values()]})
 
 

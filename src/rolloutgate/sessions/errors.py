@@ -9,6 +9,7 @@
     ├── NotFound (404)
     │   └── SessionNotFound          404 session_not_found        (never existed, or deleted)
     ├── SessionConflict              409 session_busy / trajectory_not_linear
+    ├── SamplesUnassemblable         422 samples_unassemblable    (the records make no training sample)
     ├── SessionGone (410)
     │   └── SessionEvicted           410 session_gone             (evicted: idle TTL, capacity or memory bound)
     ├── QueueFull (429)
@@ -28,6 +29,7 @@ from rolloutgate.errors import BadRequest, GatewayError, NotFound, QueueFull, Se
 __all__ = (
     "ChatTemplateError",
     "EngineAnswerInvalid",
+    "SamplesUnassemblable",
     "SessionConflict",
     "SessionDiverged",
     "SessionEvicted",
@@ -63,6 +65,14 @@ class SessionConflict(GatewayError):
     default_status = 409
     openai_type = "invalid_request_error"
     default_code = "session_busy"
+
+
+class SamplesUnassemblable(GatewayError):
+    """miles' 422: the session's records cannot be assembled into a sample (a chain that does not extend)."""
+
+    default_status = 422
+    openai_type = "invalid_request_error"
+    default_code = "samples_unassemblable"
 
 
 class SessionEvicted(SessionGone):

@@ -4,6 +4,7 @@
     GET    /sessions/{id}[?prompt_ids=delta]       -> {"session_id", "records": [...], "metadata": {...}}
     DELETE /sessions/{id}                          -> 204
     GET    /sessions/{id}/trajectory               -> token ids, loss mask, logprobs (JSON)
+    POST   /sessions/{id}/samples                  -> miles' samples, safetensors (samples_wire.py)
     POST   /sessions/{id}/v1/chat/completions      -> one recorded turn (TITO with a tokenizer)
     *      /sessions/{id}/<path>                   -> proxied with the session id as routing key
 
@@ -33,6 +34,7 @@ from aiohttp import web
 
 from rolloutgate.errors import BadRequest, GatewayError
 from rolloutgate.sessions import tito
+from rolloutgate.sessions.samples_wire import CONTENT_TYPE
 from rolloutgate.sessions.service import ChatOutcome, SessionService
 
 __all__ = (
@@ -149,6 +151,7 @@ def add_session_routes(
     app.router.add_get("/sessions/{session_id}", _errors(lambda r: _describe(r, service)))
     app.router.add_delete("/sessions/{session_id}", _errors(lambda r: _delete(r, service)))
     app.router.add_get("/sessions/{session_id}/trajectory", _errors(lambda r: _trajectory(r, service)))
+    app.router.add_post("/sessions/{session_id}/samples", _errors(lambda r: _samples(r, service)))
     app.router.add_post("/sessions/{session_id}/v1/chat/completions", _errors(chat))
     app.router.add_route("*", "/sessions/{session_id}/{tail:.*}", _errors(proxied))
 
@@ -183,6 +186,16 @@ async def _delete(request: web.Request, service: SessionService) -> web.StreamRe
 
 async def _trajectory(request: web.Request, service: SessionService) -> web.StreamResponse:
     return _json(service.trajectory(request.match_info["session_id"]))
+
+
+async def _samples(request: web.Request, service: SessionService) -> web.StreamResponse:
+    raw = await request.read()
+    try:
+        body = orjson.loads(raw) if raw.strip() else {}
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}") from exc
+    payload = service.samples(request.match_info["session_id"], body)
+    return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE})
 
 
 def _json(value: Any, status: int = 200) -> web.Response:

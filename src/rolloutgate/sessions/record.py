@@ -31,18 +31,45 @@ import orjson
 from rolloutgate.sessions.errors import SessionConflict
 
 __all__ = (
+    "ENGINE_META_KEYS",
     "RECORD_OVERHEAD_BYTES",
     "Trajectory",
     "TurnRecord",
     "TurnSpan",
     "accumulated_ids",
     "build_trajectory",
+    "engine_meta_of",
     "expand_records",
     "ids_array",
     "logprob_array",
 )
 
 RECORD_OVERHEAD_BYTES = 600  # the record object, its arrays' headers and dict overhead (measured, rounded up)
+
+# What a record keeps of the engine's `meta_info` besides the ids and logprobs: what miles' assembler reads
+# (prefix-cache and speculative-decoding counters, per-span weight versions, MoE routing replay).
+ENGINE_META_KEYS = (
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "e2e_latency",
+    "spec_verify_ct",
+    "spec_num_correct_drafts",
+    "spec_num_proposed_drafts",
+    "spec_accept_token_num",
+    "spec_draft_token_num",
+    "weight_versions",
+    "routed_experts",
+    "indexer_topk",
+    "indexer_topk_num_layers",
+)
+
+
+def engine_meta_of(meta: Any) -> dict[str, Any]:
+    """The `ENGINE_META_KEYS` an engine's `meta_info` holds."""
+    if not isinstance(meta, dict):
+        return {}
+    return {key: meta[key] for key in ENGINE_META_KEYS if meta.get(key) is not None}
 
 
 def ids_array(ids: Iterable[int]) -> array[int]:
@@ -78,6 +105,7 @@ class TurnRecord:
     tools_key: bytes  # what besides messages the template renders (tools, chat_template_kwargs)
     message_keys: tuple[bytes, ...]  # comparison keys of new_messages + reply_message
     tokenized_by_gateway: bool  # True: TITO (gateway rendered the prompt); False: recorded from the engine
+    engine_meta: dict[str, Any] = field(default_factory=dict)  # the engine's counters (`ENGINE_META_KEYS`)
     method: str = "POST"
     path: str = "/v1/chat/completions"
     status_code: int = 200
@@ -101,6 +129,7 @@ class TurnRecord:
             + len(orjson.dumps(self.new_messages))
             + len(orjson.dumps(self.reply_message))
             + len(orjson.dumps(self.response))
+            + len(orjson.dumps(self.engine_meta))
             + len(self.request_key)
             + len(self.tools_key)
             + sum(len(k) for k in self.message_keys)
@@ -231,9 +260,12 @@ def expand_records(records: Sequence[TurnRecord], *, full_prompt_ids: bool = Tru
             "prompt_prefix_len": record.prompt_prefix_len,
         }
         if full_prompt_ids:
-            entry["prompt_token_ids"] = sequence.tolist() + record.prompt_new_ids.tolist()
+            prompt_ids = sequence.tolist() + record.prompt_new_ids.tolist()
+            entry["prompt_token_ids"] = prompt_ids
+            entry["request"]["input_ids"] = prompt_ids  # where miles' assembler reads the prompt
         else:
             entry["prompt_new_token_ids"] = record.prompt_new_ids.tolist()
+        entry["response"] = _with_meta_info(record)
         entry.update(
             output_token_ids=record.output_ids.tolist(),
             output_logprobs=record.output_logprobs.tolist(),
@@ -248,3 +280,26 @@ def expand_records(records: Sequence[TurnRecord], *, full_prompt_ids: bool = Tru
         sequence.extend(record.output_ids)
         state = [*messages, record.reply_message]
     return out
+
+
+def _with_meta_info(record: TurnRecord) -> dict[str, Any]:
+    """The agent's completion with the engine's `meta_info` on its first choice, as SGLang's chat endpoint
+    answers with `return_meta_info` (what miles' assembler reads: `output_token_logprobs` as
+    `[logprob, token_id, null]`, the finish reason, weight version and counters)."""
+    response = dict(record.response)
+    choices = response.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return response
+    logprobs = record.output_logprobs if len(record.output_logprobs) == len(record.output_ids) else None
+    meta: dict[str, Any] = {
+        **record.engine_meta,
+        "output_token_logprobs": [
+            [None if logprobs is None else logprobs[i], token, None]
+            for i, token in enumerate(record.output_ids)
+        ],
+        "finish_reason": {"type": record.finish_reason} if record.finish_reason else None,
+        "weight_version": record.weight_version,
+    }
+    meta.setdefault("completion_tokens", len(record.output_ids))
+    response["choices"] = [{**choices[0], "meta_info": meta}, *choices[1:]]
+    return response

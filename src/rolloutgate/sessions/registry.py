@@ -86,6 +86,7 @@ class SessionLimits:
     max_bytes: int = 4 * 1024**3
     max_tombstones: int = 100_000
     evict_when_full: bool = True
+    keep_branches: bool = False  # tree sessions (miles' v2): what a retry or rollback drops stays a branch
 
     def __post_init__(self) -> None:
         if math.isnan(self.idle_ttl_s) or self.idle_ttl_s <= 0:
@@ -252,10 +253,11 @@ class SessionRegistry:
                 f"session {session.session_id} has another request in flight; a session's turns are sequential",
                 retry_after_s=1,
             )
-        if base.keep_turns + 1 > self.limits.max_records_per_session:
+        if base.keep_turns + 1 + len(session.branches) > self.limits.max_records_per_session:
             self._count("record_limit")
             raise SessionRecordLimit(
-                f"session {session.session_id} holds its maximum of {self.limits.max_records_per_session} turns"
+                f"session {session.session_id} holds its maximum of {self.limits.max_records_per_session} turns "
+                "(a tree session's branches included)"
             )
         ticket = TurnTicket(
             ticket_id=next(self._tickets),
@@ -295,8 +297,9 @@ class SessionRegistry:
             raise ValueError(f"record index {record.index} != the ticket's turn {ticket.base.keep_turns}")
         if self.journal is not None:
             self.journal.turn_committed(session.session_id, record)  # durable first: it may refuse
-        dropped = session._apply(record, ticket.base.keep_turns)
-        delta = _record_cost(record) - sum(_record_cost(r) for r in dropped)
+        keep_branch = self.limits.keep_branches
+        dropped = session._apply(record, ticket.base.keep_turns, keep_branch=keep_branch)
+        delta = _record_cost(record) - (0 if keep_branch else sum(_record_cost(r) for r in dropped))
         session.approx_bytes += delta
         self._bytes += delta
         self._count("committed")

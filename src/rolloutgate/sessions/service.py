@@ -25,18 +25,22 @@ import orjson
 
 from rolloutgate.core.clock import Clock
 from rolloutgate.core.timing import TimingBreakdown
+from rolloutgate.errors import BadRequest
 from rolloutgate.sessions import tito
 from rolloutgate.sessions.errors import EngineAnswerInvalid, SessionConflict, SessionEvicted, SessionNotFound
 from rolloutgate.sessions.messages import message_key, tools_key
 from rolloutgate.sessions.record import (
     TurnRecord,
     build_trajectory,
+    engine_meta_of,
     expand_records,
     ids_array,
     logprob_array,
 )
 from rolloutgate.sessions.registry import SessionRegistry
 from rolloutgate.sessions.render import ChatRenderer
+from rolloutgate.sessions.samples import Picker, TreePath, assemble_linear, assemble_tree
+from rolloutgate.sessions.samples_wire import WeightVersionsWire, encode_samples
 from rolloutgate.sessions.session import Session, TurnTicket
 
 __all__ = ("ChatOutcome", "Dispatcher", "SessionAnswer", "SessionCall", "SessionService", "SessionSettings")
@@ -84,6 +88,9 @@ class Dispatcher(Protocol):
 class SessionSettings:
     default_max_tokens: int = 16_384  # max_new_tokens when the agent sets none (SGLang's own default is 128)
     max_model_len: int | None = None  # caps max_new_tokens at the context length left
+    tree: bool = False  # miles' v2: samples per leaf (the registry keeps the branches: SessionLimits)
+    picker: Picker = "drop_retries"
+    samples_weight_versions: WeightVersionsWire = "spans"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,6 +159,28 @@ class SessionService:
     def expire(self) -> list[str]:
         return self.registry.expire(self.clock.now())
 
+    def samples(self, session_id: str, body: Any) -> bytes:
+        """`POST /sessions/{id}/samples {"max_seq_len", "metadata"?}`: miles' safetensors payload (samples.py,
+        samples_wire.py). Raises SessionNotFound/SessionEvicted, BadRequest, SamplesUnassemblable (422)."""
+        max_seq_len, agent_metadata = _samples_request(body)
+        session = self.registry.get(session_id, self.clock.now())
+        decode = self.renderer.decode if self.renderer is not None else None
+        if self.settings.tree:
+            paths = [TreePath(b.records, b.seqs) for b in session.branches]
+            paths.append(TreePath(session.records, session.seqs))
+            result = assemble_tree(
+                paths,
+                max_seq_len=max_seq_len,
+                decode=decode,
+                picker=self.settings.picker,
+                agent_metadata=agent_metadata,
+            )
+        else:
+            result = assemble_linear(session.records, max_seq_len=max_seq_len, decode=decode)
+        return encode_samples(
+            result, tree=self.settings.tree, weight_versions=self.settings.samples_weight_versions
+        )
+
     # -- one chat turn ---------------------------------------------------------------------------------------
 
     async def chat(self, session_id: str, body: Any, headers: Mapping[str, str] | None = None) -> ChatOutcome:
@@ -209,6 +238,7 @@ class SessionService:
                 tools_key=tkey,
                 message_keys=(*keys[base.messages_from :], message_key(reply)),
                 tokenized_by_gateway=renderer is not None,
+                engine_meta=engine_meta_of(turn.meta_info),
             )
             recorded = self._commit(ticket, record)
             return ChatOutcome(
@@ -308,6 +338,22 @@ class SessionService:
                 headers=dict(headers),
             )
         )
+
+
+def _samples_request(body: Any) -> tuple[int | None, dict[str, Any] | None]:
+    if body is None:
+        body = {}
+    if not isinstance(body, dict):
+        raise BadRequest("the samples request must be a JSON object")
+    max_seq_len = body.get("max_seq_len")
+    if max_seq_len is not None and (
+        not isinstance(max_seq_len, int) or isinstance(max_seq_len, bool) or max_seq_len < 1
+    ):
+        raise BadRequest("'max_seq_len' must be a positive integer or null", param="max_seq_len")
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise BadRequest("'metadata' must be an object or null", param="metadata")
+    return max_seq_len, metadata
 
 
 def _request_key(tkey: bytes, keys: Sequence[bytes]) -> bytes:

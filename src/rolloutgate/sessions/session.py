@@ -4,6 +4,11 @@ Theory of operation: a `Session` is owned and mutated only by its `SessionRegist
 the rules); this module keeps the state consistent. `state_after(k)` and `checkpoint(k)` give the state after
 the first k turns (cached for k = all turns, rebuilt from the delta-encoded records otherwise), which is what
 a new turn extends; `_apply` appends a committed record, dropping rolled-back turns first.
+
+A tree session (miles' v2) keeps what a retry or rollback dropped as a `Branch`: the path from the first turn
+to the leaf it left, by reference (records are immutable, so a path costs a pointer a turn). Every committed
+record has a sequence number, its commit order (`seqs` beside `records`); the tree's nodes are the records of
+the current path and of every branch, its leaves the last record of each.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 from rolloutgate.sessions.record import TurnRecord, accumulated_ids
 from rolloutgate.sessions.render import Checkpoint
 
-__all__ = ("SESSION_OVERHEAD_BYTES", "Session", "TurnBase", "TurnKind", "TurnTicket")
+__all__ = ("SESSION_OVERHEAD_BYTES", "Branch", "Session", "TurnBase", "TurnKind", "TurnTicket")
 
 SESSION_OVERHEAD_BYTES = 2048
 
@@ -46,6 +51,14 @@ class TurnTicket:
     request_key: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class Branch:
+    """A path the session moved away from: its records from the first turn to the leaf, with their seqs."""
+
+    records: tuple[TurnRecord, ...]
+    seqs: tuple[int, ...]
+
+
 class Session:
     """One session's state. Mutated only by its registry."""
 
@@ -54,10 +67,12 @@ class Session:
         "_state",
         "_state_keys",
         "approx_bytes",
+        "branches",
         "created_at",
         "in_flight",
         "last_active_at",
         "records",
+        "seqs",
         "session_id",
         "version",
     )
@@ -67,6 +82,8 @@ class Session:
         self.created_at = now
         self.last_active_at = now
         self.records: list[TurnRecord] = []
+        self.seqs: list[int] = []  # each record's commit order
+        self.branches: list[Branch] = []  # tree sessions only
         self.in_flight: dict[int, TurnTicket] = {}
         self.version = 0
         self.approx_bytes = SESSION_OVERHEAD_BYTES
@@ -109,14 +126,20 @@ class Session:
         last_output: Sequence[int] = self.records[turns - 1].output_ids if turns else ()
         return Checkpoint(turns=turns, messages=tuple(messages), token_ids=ids, last_output_ids=last_output)
 
-    def _apply(self, record: TurnRecord, keep: int) -> list[TurnRecord]:
+    def _apply(self, record: TurnRecord, keep: int, *, keep_branch: bool = False) -> list[TurnRecord]:
+        """Append `record` after the first `keep` turns; returns the turns it dropped (kept as a Branch when
+        `keep_branch`)."""
         dropped = self.records[keep:]
         if dropped:
+            if keep_branch:
+                self.branches.append(Branch(tuple(self.records), tuple(self.seqs)))
             state, keys = self.state_after(keep)
             self._state, self._state_keys = list(state), list(keys)
             del self.records[keep:]
+            del self.seqs[keep:]
             self._sequence = accumulated_ids(self.records)
         self.records.append(record)
+        self.seqs.append(self.version)
         del self._state[record.messages_from :]
         del self._state_keys[record.messages_from :]
         self._state.extend(record.new_messages)

@@ -66,6 +66,9 @@ _SAMPLING = {
     "logit_bias": "logit_bias",
     "no_stop_trim": "no_stop_trim",
 }
+# Top-level `/generate` fields a session's chat body carries to the engine as they came: LoRA, and MoE routing
+# replay (miles' R3: `return_routed_experts`, `routed_experts_start_len`; DSA indexer top-k).
+CARRIED_FIELDS = ("lora_path", "return_routed_experts", "routed_experts_start_len", "return_indexer_topk")
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _MAX_TOP_LOGPROBS = 20
 
@@ -171,6 +174,7 @@ def generate_body(
     }
     if request.top_logprobs:
         out["top_logprobs_num"] = request.top_logprobs
+    out.update({key: body[key] for key in CARRIED_FIELDS if body.get(key) is not None})
     return out
 
 

@@ -243,8 +243,9 @@ class SGLangRoutes:
         rid = str(body.get("rid") or "")
         if body.get("abort_all"):
             self.engine.abort_all()
-        elif rid and self.engine.model.is_live(rid):
-            # like SGLang: the exact rid must exist, then the scheduler aborts every rid it prefixes
+        elif rid and (body.get("prefix") is True or self.engine.model.is_live(rid)):
+            # like SGLang: the exact rid must exist, then the scheduler aborts every rid it prefixes; with
+            # `"prefix": true` (miles' multi-LoRA aborts, `{"rid": "<adapter>::"}`) no rid need match exactly
             self.engine.abort(rid, prefix=True, message=body.get("abort_message"))
         return web.Response(status=200)
 

@@ -51,6 +51,19 @@ class TokenView:
         return out
 
 
+def prompt_logprobs(params: GenParams) -> list[list[Any]]:
+    """SGLang's `input_token_logprobs` from `logprob_start_len` on: `[logprob, token_id, None]` per prompt
+    token, the first token of the prompt scored None (nothing precedes it). Deterministic in the prefix."""
+    if params.logprob_start_len < 0:
+        return []
+    ids = params.prompt_ids
+    out: list[list[Any]] = []
+    for i in range(params.logprob_start_len, len(ids)):
+        score = None if i == 0 else tokens.logprob_of(ids[i] * 1_000_003 + ids[i - 1], i)
+        out.append([score, ids[i], None])
+    return out
+
+
 def generate_item(
     req: SimRequest, view: TokenView, params: GenParams, count: int, *, final: bool, weight_version: str
 ) -> dict[str, Any]:
@@ -68,7 +81,7 @@ def generate_item(
         meta["cached_tokens"] = req.cached_tokens
     if params.logprobs:
         text_of = tokens.word if params.logprobs_text else None
-        meta["input_token_logprobs"] = []
+        meta["input_token_logprobs"] = prompt_logprobs(params)
         if count:
             view.logprob(count - 1)
         ids, lps = view.ids, view.lps

@@ -36,6 +36,7 @@ class GenParams:
     return_meta_info: bool = False
     return_token_ids: bool = False
     return_prompt_token_ids: bool = False
+    logprob_start_len: int = -1  # SGLang: >= 0 also scores the prompt from there (miles' scoring calls)
     model: str | None = None
 
 
@@ -127,9 +128,19 @@ def parse_generate(body: dict[str, Any], config: SimEngineConfig) -> tuple[list[
                 top_logprobs=_int(body.get("top_logprobs_num") or 0, "top_logprobs_num"),
                 logprobs_text=bool(body.get("return_text_in_logprobs", False)),
                 return_prompt_token_ids=bool(body.get("return_prompt_token_ids", False)),
+                logprob_start_len=_start_len(body.get("logprob_start_len"), len(prompt_ids)),
             )
         )
     return out, batch
+
+
+def _start_len(value: Any, prompt_len: int) -> int:
+    if value is None or value == -1:
+        return -1
+    start = _int(value, "logprob_start_len")
+    if start >= prompt_len:
+        raise BadRequest(f"logprob_start_len ({start}) must be less than the prompt length ({prompt_len})")
+    return start
 
 
 def _openai_common(body: dict[str, Any], prompt_ids: list[int], config: SimEngineConfig) -> dict[str, Any]:

@@ -1,0 +1,382 @@
+"""A session's training samples, as miles' session server assembles them (`POST /sessions/{id}/samples`).
+
+Theory of operation (miles' `samples/merge.py`, read in reference/miles.md and the notes beside it): each turn
+is a sample of its own, `tokens` = its prompt + its output, loss mask 1 on the output. `max_seq_len` cuts the
+first turn that passes it back to the limit (status `truncated`), or drops it and everything after when no
+output token would be left. The turns then merge in order, stopping after the first one that did not complete:
+the merged sample's prompt is the first turn's, its response everything after it, loss mask 1 on generated
+tokens and 0 on the tool and template tokens between turns, logprobs 0.0 there. Turns here are delta-encoded
+records of one token chain (record.py), so the merge is read off the chain's spans rather than by comparing
+each turn's full copy; a chain that does not extend (recorded mode, an engine that re-rendered the history)
+cannot be merged and is a 422 (`SamplesUnassemblable`), as in miles.
+
+A tree session (miles' v2) has one candidate sample per leaf: the current path and each branch a retry or
+rollback left (session.py). A picker chooses the leaves (`PICKERS`), longest path first, and a completion
+shared by several chosen leaves trains once, in the leaf committed first (its loss mask is zeroed in the
+others). A scalar `metadata.reward` of the request goes to every sample.
+
+This module is sans-IO: records in, `Sample`s out. The wire (safetensors) is samples_wire.py.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from array import array
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rolloutgate.sessions.errors import SamplesUnassemblable, SessionConflict
+from rolloutgate.sessions.record import Trajectory, TurnRecord, TurnSpan, build_trajectory
+
+__all__ = (
+    "PICKERS",
+    "Picker",
+    "Sample",
+    "SampleStatus",
+    "SamplesResult",
+    "TreePath",
+    "WeightSpan",
+    "assemble_linear",
+    "assemble_tree",
+)
+
+Decode = Callable[[Sequence[int]], str]
+Picker = Literal["drop_retries", "drop_rolled_back", "keep_all"]
+PICKERS: tuple[Picker, ...] = ("drop_retries", "drop_rolled_back", "keep_all")
+
+
+class SampleStatus(enum.Enum):
+    """miles' `Sample.Status` values."""
+
+    PENDING = "pending"
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"
+    ABORTED = "aborted"
+
+
+_STATUS_OF_FINISH = {
+    "stop": SampleStatus.COMPLETED,
+    "tool_calls": SampleStatus.COMPLETED,
+    "length": SampleStatus.TRUNCATED,
+    "abort": SampleStatus.ABORTED,
+}
+_SPEC_KEYS = {  # miles' SpecInfo key <- the engine's meta_info key (newest first, then the older name)
+    "spec_num_correct_drafts": ("spec_num_correct_drafts", "spec_accept_token_num"),
+    "spec_num_proposed_drafts": ("spec_num_proposed_drafts", "spec_draft_token_num"),
+    "spec_verify_ct": ("spec_verify_ct",),
+    "completion_tokens": ("completion_tokens",),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class WeightSpan:
+    """Which weight version produced tokens [abs_start, abs_end) of a sample's `tokens` (prompt included)."""
+
+    version: str
+    abs_start: int
+    abs_end: int
+
+
+@dataclass(slots=True, kw_only=True)
+class Sample:
+    tokens: list[int]
+    response_length: int
+    loss_mask: list[int]  # len == response_length
+    rollout_log_probs: list[float]  # len == response_length
+    response: str
+    status: SampleStatus
+    weight_versions: list[list[WeightSpan]]  # one list per merged call
+    prefix_cache_info: dict[str, int]
+    spec_info: dict[str, int]
+    metadata: dict[str, Any] = field(default_factory=dict)
+    reward: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SamplesResult:
+    samples: list[Sample]
+    session_metadata: dict[str, Any]
+    empty_reason: Literal["no_records", "all_truncated"] | None
+
+
+@dataclass(frozen=True, slots=True)
+class TreePath:
+    """One leaf's path from the first turn: its records and their commit seqs (session.py)."""
+
+    records: Sequence[TurnRecord]
+    seqs: Sequence[int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Turn:
+    record: TurnRecord
+    span: TurnSpan
+    end: int  # after max_seq_len
+    status: SampleStatus
+
+
+def _trajectory(records: Sequence[TurnRecord]) -> Trajectory:
+    try:
+        return build_trajectory(records)
+    except SessionConflict as exc:
+        raise SamplesUnassemblable(str(exc)) from None
+
+
+def _kept_turns(
+    records: Sequence[TurnRecord], spans: Sequence[TurnSpan], max_seq_len: int | None
+) -> list[_Turn]:
+    """The turns left after `max_seq_len`, each with its end and status (miles'
+    `truncate_samples_by_total_tokens`: every turn's tokens hold the whole prefix, so the cut is at a turn)."""
+    kept: list[_Turn] = []
+    for record, span in zip(records, spans, strict=True):
+        status = _STATUS_OF_FINISH.get(record.finish_reason or "", SampleStatus.PENDING)
+        if max_seq_len is not None and span.output_end > max_seq_len:
+            if max_seq_len <= span.output_start:
+                break  # no output token would be left: this turn and all after it go
+            kept.append(_Turn(record, span, max_seq_len, SampleStatus.TRUNCATED))
+            break
+        kept.append(_Turn(record, span, span.output_end, status))
+    return kept
+
+
+def _merge(turns: Sequence[_Turn], trajectory: Trajectory, decode: Decode | None) -> Sample:
+    """One sample of the turns, merged in order up to and including the first one that did not complete."""
+    merged: list[_Turn] = []
+    for turn in turns:
+        merged.append(turn)
+        if turn.status is not SampleStatus.COMPLETED:
+            break
+    start, end = merged[0].span.output_start, merged[-1].end
+    tokens = trajectory.token_ids[:end]
+    response_ids = tokens[start:]
+    cached = sum(int(t.record.engine_meta.get("cached_tokens") or 0) for t in merged)
+    prompts = sum(int(t.record.engine_meta.get("prompt_tokens") or t.span.output_start) for t in merged)
+    return Sample(
+        tokens=tokens,
+        response_length=end - start,
+        loss_mask=trajectory.loss_mask[start:end],
+        rollout_log_probs=trajectory.logprobs[start:end],
+        response=decode(response_ids) if decode is not None else _replies_text(merged),
+        status=merged[-1].status,
+        weight_versions=[_weight_spans(t) for t in merged],
+        prefix_cache_info={"cached_tokens": cached, "total_prompt_tokens": prompts},
+        spec_info=_spec_info(merged),
+        metadata={"lifecycle": _lifecycle(merged)},
+    )
+
+
+def _replies_text(turns: Sequence[_Turn]) -> str:
+    """Without a tokenizer (recorded mode) the response text is the assistant replies' text, joined; the
+    tokens between them (tool results, template) are in `tokens` but have no text here."""
+    return "".join(str(t.record.reply_message.get("content") or "") for t in turns)
+
+
+def _weight_spans(turn: _Turn) -> list[WeightSpan]:
+    """miles' `WeightVersionsPerCall.from_meta_info`: the engine's per-span versions (offsets in the output),
+    else its one version for the whole output; absolute positions in `tokens`, clipped to the turn's end."""
+    start = turn.span.output_start
+    listed = turn.record.engine_meta.get("weight_versions")
+    if isinstance(listed, list) and listed:
+        raw = [
+            (str(v.get("version")), int(v.get("start", 0)), int(v.get("end", 0)))
+            for v in listed
+            if isinstance(v, Mapping)
+        ]
+    elif turn.record.weight_version is not None:
+        raw = [(turn.record.weight_version, 0, turn.span.output_end - start)]
+    else:
+        raw = []
+    spans = [WeightSpan(v, start + a, min(start + b, turn.end)) for v, a, b in raw]
+    return [s for s in spans if s.abs_start < s.abs_end]
+
+
+def _spec_info(turns: Sequence[_Turn]) -> dict[str, int]:
+    totals = dict.fromkeys(_SPEC_KEYS, 0)
+    for turn in turns:
+        meta = turn.record.engine_meta
+        if not int(meta.get("spec_verify_ct") or 0) > 0:
+            continue  # miles adds a turn's counters only when it was speculatively decoded
+        for key, sources in _SPEC_KEYS.items():
+            totals[key] += int(next((meta[s] for s in sources if meta.get(s) is not None), 0))
+    return totals
+
+
+def _lifecycle(turns: Sequence[_Turn]) -> dict[str, Any] | list[dict[str, Any]]:
+    entries = []
+    for turn in turns:
+        record, latency = turn.record, turn.record.engine_meta.get("e2e_latency")
+        entries.append(
+            {
+                "t0": record.finished_at_unix - latency if isinstance(latency, int | float) else None,
+                "t1": record.finished_at_unix,
+                "turn": record.index + 1,
+                "req_ts": record.request_at_unix,
+            }
+        )
+    return entries[0] if len(entries) == 1 else entries  # miles' shape: one turn's is not a list
+
+
+def assemble_linear(
+    records: Sequence[TurnRecord], *, max_seq_len: int | None, decode: Decode | None
+) -> SamplesResult:
+    """miles' v1: one sample of the session's turns."""
+    if not records:
+        return SamplesResult(
+            samples=[], session_metadata=_linear_metadata(records), empty_reason="no_records"
+        )
+    trajectory = _trajectory(records)
+    kept = _kept_turns(records, trajectory.spans, max_seq_len)
+    metadata = _linear_metadata(records, trajectory)
+    if not kept:
+        return SamplesResult(samples=[], session_metadata=metadata, empty_reason="all_truncated")
+    return SamplesResult(
+        samples=[_merge(kept, trajectory, decode)], session_metadata=metadata, empty_reason=None
+    )
+
+
+def _linear_metadata(records: Sequence[TurnRecord], trajectory: Trajectory | None = None) -> dict[str, Any]:
+    ids = trajectory.token_ids if trajectory is not None else []
+    return {"accumulated_token_ids": ids, "max_trim_tokens": 0}  # the gateway never trims a turn's ids
+
+
+# -- tree sessions -------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Leaf:
+    path: TreePath
+    trajectory: Trajectory
+    sample: Sample | None
+
+    @property
+    def node_id(self) -> int:
+        return self.path.seqs[-1]
+
+    @property
+    def parent(self) -> int | None:
+        return self.path.seqs[-2] if len(self.path.seqs) > 1 else None
+
+
+def assemble_tree(
+    paths: Sequence[TreePath],
+    *,
+    max_seq_len: int | None,
+    decode: Decode | None,
+    picker: Picker = "drop_retries",
+    agent_metadata: Mapping[str, Any] | None = None,
+) -> SamplesResult:
+    """miles' v2: one sample per leaf the picker keeps (paths: the current one and every branch)."""
+    paths = [p for p in paths if p.records]
+    leaves = [_leaf(p, max_seq_len, decode) for p in paths]
+    nodes = _nodes(leaves)
+    metadata: dict[str, Any] = {
+        "accumulated_token_ids": leaves[0].trajectory.token_ids if leaves else [],
+        "max_trim_tokens": 0,
+        "tree": {
+            "nodes": [nodes[seq] for seq in sorted(nodes)],
+            "leaves": [
+                {"node_id": leaf.node_id, "path_node_ids": list(leaf.path.seqs)}
+                for leaf in sorted(leaves, key=lambda leaf: leaf.node_id)
+            ],
+        },
+    }
+    if agent_metadata is not None:
+        metadata["agent"] = dict(agent_metadata)
+    if not leaves:
+        return SamplesResult(samples=[], session_metadata=metadata, empty_reason="no_records")
+    chosen = [leaf for leaf in _pick(leaves, picker) if leaf.sample is not None]
+    if not chosen:
+        return SamplesResult(samples=[], session_metadata=metadata, empty_reason="all_truncated")
+    chosen.sort(key=lambda leaf: (len(leaf.path.seqs), leaf.node_id), reverse=True)
+    _train_shared_turns_once(chosen)
+    reward = (agent_metadata or {}).get("reward")
+    samples = []
+    for leaf in chosen:
+        sample = leaf.sample
+        assert sample is not None
+        sample.metadata["leaf"] = {
+            "node_id": leaf.node_id,
+            "parent": leaf.parent,
+            "path_node_ids": list(leaf.path.seqs),
+            "response_id": leaf.path.records[-1].response.get("id"),
+        }
+        if isinstance(reward, int | float) and not isinstance(reward, bool):
+            sample.reward = float(reward)
+        samples.append(sample)
+    return SamplesResult(samples=samples, session_metadata=metadata, empty_reason=None)
+
+
+def _leaf(path: TreePath, max_seq_len: int | None, decode: Decode | None) -> _Leaf:
+    trajectory = _trajectory(path.records)
+    kept = _kept_turns(path.records, trajectory.spans, max_seq_len)
+    return _Leaf(path, trajectory, _merge(kept, trajectory, decode) if kept else None)
+
+
+def _nodes(leaves: Sequence[_Leaf]) -> dict[int, dict[str, Any]]:
+    nodes: dict[int, dict[str, Any]] = {}
+    for leaf in leaves:
+        parent: int | None = None
+        for seq, record, span in zip(leaf.path.seqs, leaf.path.records, leaf.trajectory.spans, strict=True):
+            nodes.setdefault(
+                seq,
+                {
+                    "id": seq,
+                    "parent": parent,
+                    "seq": seq,
+                    "truncated": record.finish_reason == "length",
+                    "committed_at": record.finished_at_unix,
+                    "completion_span": [span.output_start, span.output_end],
+                    "num_tokens": span.output_end,
+                    "response_id": record.response.get("id"),
+                },
+            )
+            parent = seq
+    return nodes
+
+
+def _prompt_digest(leaf: _Leaf) -> bytes:
+    """The leaf turn's prompt ids, digested: a retry re-sends the same prompt."""
+    prompt = array("q", leaf.trajectory.token_ids[: leaf.trajectory.spans[-1].output_start])
+    return hashlib.sha256(prompt.tobytes()).digest()
+
+
+def _pick(leaves: Sequence[_Leaf], picker: Picker) -> list[_Leaf]:
+    """`drop_retries` (miles' `drop_retries_same_prompt`): a leaf is dropped when a later node under the same
+    parent had the same prompt (the same request, retried); a rollback (another tool result: another prompt)
+    stays a sample of its own. `drop_rolled_back`: any later node under the same parent drops it (as v1
+    keeps only the current path). `keep_all`: every leaf."""
+    if picker == "keep_all":
+        return list(leaves)
+    children: dict[int | None, list[_Leaf]] = {}
+    for leaf in leaves:
+        children.setdefault(leaf.parent, []).append(leaf)
+    kept = []
+    for leaf in leaves:
+        later = [other for other in children[leaf.parent] if other.node_id > leaf.node_id]
+        if picker == "drop_retries" or leaf.parent is None:
+            digest = _prompt_digest(leaf)
+            later = [other for other in later if _prompt_digest(other) == digest]
+        if not later:
+            kept.append(leaf)
+    return kept
+
+
+def _train_shared_turns_once(chosen: Sequence[_Leaf]) -> None:
+    """A turn on several chosen paths belongs to the leaf committed first; the others mask it out."""
+    owner: dict[int, int] = {}
+    for leaf in chosen:
+        for seq in leaf.path.seqs:
+            owner[seq] = min(owner.get(seq, leaf.node_id), leaf.node_id)
+    for leaf in chosen:
+        sample = leaf.sample
+        assert sample is not None
+        response_start = len(sample.tokens) - sample.response_length
+        for seq, span in zip(leaf.path.seqs, leaf.trajectory.spans, strict=True):
+            if owner[seq] == leaf.node_id:
+                continue
+            lo = max(span.output_start - response_start, 0)
+            hi = min(span.output_end - response_start, sample.response_length)
+            for i in range(lo, hi):
+                sample.loss_mask[i] = 0

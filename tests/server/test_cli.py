@@ -1,0 +1,55 @@
+"""`rolloutgate serve` flags (server/cli.py): one per setting, read by pydantic exactly as the environment is."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from rolloutgate.cli import build_parser
+from rolloutgate.config import GatewaySettings, load_settings
+from rolloutgate.server import cli
+
+
+def _settings(*argv: str) -> GatewaySettings:
+    args = build_parser(only="serve").parse_args(["serve", *argv])
+    return load_settings({k: v for k, v in vars(args).items() if k not in ("command", "config")})
+
+
+def test_every_setting_has_a_flag_with_its_description() -> None:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    dests = {action.dest: action for action in parser._actions}
+    for name, field in GatewaySettings.model_fields.items():
+        assert name in dests, f"setting {name} has no flag"
+        assert field.description and field.description in str(dests[name].help)
+
+
+def test_flags_reach_the_settings_and_absent_ones_keep_their_defaults() -> None:
+    settings = _settings(
+        "--engine", "http://10.0.0.1:30000", "--engine", "vllm+http://10.0.0.2:8000",
+        "--trust-network", "10.0.0.0/8",
+        "--session-idle-ttl", "7200", "--session-max", "50000",
+        "--queue-timeout", "120", "--no-keepalive-non-streaming", "--prefill-budget-tokens", "off",
+    )  # fmt: skip
+    assert [(e.url, e.family) for e in settings.engines] == [
+        ("http://10.0.0.1:30000", "auto"),
+        ("http://10.0.0.2:8000", "vllm"),
+    ]
+    assert settings.trusted_networks == ["10.0.0.0/8"]
+    assert (settings.session_idle_ttl, settings.session_max) == (7200.0, 50000)
+    assert settings.queue_timeout == 120.0 and settings.keepalive_non_streaming is False
+    assert settings.prefill_budget_tokens == 0
+    assert settings.timeout == GatewaySettings().timeout  # not given: the default
+
+
+def test_none_clears_an_optional_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROLLOUTGATE_QUEUE_TIMEOUT", "30")
+    assert _settings().queue_timeout == 30.0  # the environment, with no flag
+    assert _settings("--queue-timeout", "none").queue_timeout is None  # the flag wins, and clears it
+
+
+def test_a_bad_value_is_refused_with_the_setting_named(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser(only="serve").parse_args(["serve", "--session-idle-ttl", "-5"])
+    assert cli.run(args) == 2
+    assert "session_idle_ttl" in capsys.readouterr().err
