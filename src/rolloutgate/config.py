@@ -162,6 +162,17 @@ class GatewaySettings(BaseSettings):
     session_max_bytes: int = Field(
         default=4 * 1024**3, ge=1, description="approximate memory bound, all sessions"
     )
+    session_engine_route: Literal["generate", "chat"] = Field(
+        default="generate",
+        description="with --tokenizer: the gateway's prompt ids go to the engine's /generate (the gateway parses "
+        "tool calls) or to its chat endpoint as input_ids (the engine's own tool-call and reasoning parsers "
+        "read the reply, as miles does; SGLang)",
+    )
+    session_rewritten_history: Literal["append", "refuse"] = Field(
+        default="append",
+        description="with --tokenizer, a chat template that rewrites earlier turns (drops earlier reasoning): "
+        "append the new messages to the session's ids as miles does, or refuse the turn (400)",
+    )
     session_tree: bool = Field(
         default=False,
         description="tree sessions (miles' --use-session-server v2): a retry or rollback is a branch, and "

@@ -1,5 +1,5 @@
-"""A wire tap in front of one engine: every `/generate` body the engine received and the last answer chunk it
-sent, so tests compare what the gateway recorded with the engine's own ids, token for token."""
+"""A wire tap in front of one engine: every `/generate` and chat body the engine received and the last answer
+chunk it sent, so tests compare what the gateway recorded with the engine's own ids, token for token."""
 
 from __future__ import annotations
 
@@ -13,10 +13,32 @@ from aiohttp import web
 _SKIPPED = frozenset({"content-length", "transfer-encoding", "connection", "content-encoding"})
 
 
+_TAPPED = frozenset({"/generate", "/v1/chat/completions"})
+
+
 @dataclass
 class TappedCall:
+    path: str
     body: dict[str, Any]
     answer: dict[str, Any] | None = None  # the last JSON value the engine sent (a stream's last chunk)
+
+    @property
+    def meta_info(self) -> dict[str, Any]:
+        """The engine's meta_info (`/generate`'s, or the chat answer's first choice's)."""
+        assert self.answer is not None
+        if "choices" in self.answer:
+            meta: dict[str, Any] = self.answer["choices"][0]["meta_info"]
+            return meta
+        top: dict[str, Any] = self.answer["meta_info"]
+        return top
+
+    @property
+    def output_ids(self) -> list[int]:
+        return [t[1] for t in self.meta_info["output_token_logprobs"]]
+
+    @property
+    def output_logprobs(self) -> list[float]:
+        return [t[0] for t in self.meta_info["output_token_logprobs"]]
 
 
 @dataclass
@@ -46,15 +68,15 @@ class EngineTap:
             await self._runner.cleanup()
 
     def generations(self) -> list[TappedCall]:
-        """The `/generate` calls that carried a prompt (not the gateway's health probes)."""
+        """The calls that carried prompt ids (not the gateway's health probes)."""
         return [c for c in self.calls if c.body.get("input_ids") and c.answer is not None]
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
         raw = await request.read()
         call: TappedCall | None = None
-        if request.path == "/generate" and raw:
-            call = TappedCall(body=orjson.loads(raw))
+        if request.path in _TAPPED and raw:
+            call = TappedCall(path=request.path, body=orjson.loads(raw))
             self.calls.append(call)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _SKIPPED | {"host"}}
         async with self._session.request(

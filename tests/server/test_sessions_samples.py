@@ -88,21 +88,24 @@ async def new_session(http: httpx.AsyncClient, url: str, *, turns: int) -> str:
     return session_id
 
 
+@pytest.mark.parametrize(("route", "path"), [("generate", "/generate"), ("chat", "/v1/chat/completions")])
 async def test_samples_are_token_exact_against_the_engine(
-    tapped: tuple[EngineTap, str], make_gateway: MakeGateway, http: httpx.AsyncClient
+    tapped: tuple[EngineTap, str], make_gateway: MakeGateway, http: httpx.AsyncClient, route: str, path: str
 ) -> None:
+    """Either way the gateway renders the prompt ids: to `/generate`, or to the chat endpoint as `input_ids` (the
+    engine's parsers read the reply, as miles does)."""
     tap, tokenizer = tapped
-    gateway = await gateway_on(make_gateway, tap, tokenizer)
+    gateway = await gateway_on(make_gateway, tap, tokenizer, session_engine_route=route)
     session_id = await new_session(http, gateway.url, turns=3)
     calls = tap.generations()
-    assert len(calls) == 3
+    assert [c.path for c in calls] == [path] * 3
     answer = await http.post(f"{gateway.url}/sessions/{session_id}/samples", json={"max_seq_len": None})
     assert answer.status_code == 200 and answer.headers["content-type"] == "application/octet-stream"
     (sample,), meta = decode(answer.content)
     assert meta["empty_reason"] is None
     # the engine's own ids: each call's prompt, and the output it answered with (`[logprob, id, _]` triples)
-    outputs = [[t[1] for t in c.answer["meta_info"]["output_token_logprobs"]] for c in calls]  # type: ignore[index]
-    logprobs = [[t[0] for t in c.answer["meta_info"]["output_token_logprobs"]] for c in calls]  # type: ignore[index]
+    outputs = [c.output_ids for c in calls]
+    logprobs = [c.output_logprobs for c in calls]
     prompts = [c.body["input_ids"] for c in calls]
     assert sample["tokens"] == prompts[-1] + outputs[-1]  # the last call saw everything before it
     first_prompt = len(prompts[0])
@@ -122,7 +125,7 @@ async def test_samples_are_token_exact_against_the_engine(
         [{"version": "default", "abs_start": len(p), "abs_end": len(p) + len(o)}]
         for p, o in zip(prompts, outputs, strict=True)
     ]
-    engine_metas = [c.answer["meta_info"] for c in calls]  # type: ignore[index]
+    engine_metas = [c.meta_info for c in calls]
     assert sample["prefix_cache_info"] == {
         "cached_tokens": sum(m["cached_tokens"] for m in engine_metas),
         "total_prompt_tokens": sum(len(p) for p in prompts),
@@ -140,7 +143,7 @@ async def test_records_carry_what_miles_assembler_reads(
     for record, call in zip(records, tap.generations(), strict=True):
         assert record["request"]["input_ids"] == call.body["input_ids"]
         meta = record["response"]["choices"][0]["meta_info"]
-        engine = call.answer["meta_info"]  # type: ignore[index]
+        engine = call.meta_info
         assert [t[:2] for t in meta["output_token_logprobs"]] == [
             t[:2] for t in engine["output_token_logprobs"]
         ]
@@ -161,7 +164,7 @@ async def test_max_seq_len_cuts_at_a_turn_and_empty_sessions_say_why(
     session_id = await new_session(http, gateway.url, turns=3)
     calls = tap.generations()
     prompts = [c.body["input_ids"] for c in calls]
-    outputs = [[t[1] for t in c.answer["meta_info"]["output_token_logprobs"]] for c in calls]  # type: ignore[index]
+    outputs = [c.output_ids for c in calls]
     # a later turn with two output tokens or more (the simulator's stop lengths are fixed by the prompt)
     k = next(i for i in range(1, len(calls)) if len(outputs[i]) >= 2)
     limit = len(prompts[k]) + 1  # inside turn k's output: it is cut to one token, and the merge ends there
@@ -242,9 +245,9 @@ async def test_a_tree_session_gives_one_sample_per_kept_leaf(
     assert sorted(s["metadata"]["leaf"]["node_id"] for s in samples) == [2, 3]
     by_leaf = {s["metadata"]["leaf"]["node_id"]: s for s in samples}
     for seq, call in ((2, calls[2]), (3, calls[3])):
-        output = [t[1] for t in call.answer["meta_info"]["output_token_logprobs"]]  # type: ignore[index]
+        output = call.output_ids
         assert by_leaf[seq]["tokens"] == call.body["input_ids"] + output
         assert by_leaf[seq]["reward"] == 0.5
-    first_output = len(calls[0].answer["meta_info"]["output_token_logprobs"])  # type: ignore[index]
+    first_output = len(calls[0].output_ids)
     assert by_leaf[2]["loss_mask"][:first_output] == [1] * first_output  # committed first: it owns turn 1
     assert by_leaf[3]["loss_mask"][:first_output] == [0] * first_output

@@ -172,8 +172,12 @@ def test_a_template_that_rewrites_history_is_refused(renderer: ChatRenderer) -> 
     echo = {"role": "assistant", "content": "hello"}
     base = Checkpoint(turns=1, messages=(*first, echo), token_ids=[*prompt, *output], last_output_ids=output)
     with pytest.raises(ChatTemplateError, match="prefix-stable") as info:
-        counting.continue_prompt(
-            base, [*first, echo, {"role": "user", "content": "again"}], tools=None, template_kwargs=None
+        counting.continue_prompt(  # it rewrites the stand-in history too: refused even when appending
+            base,
+            [*first, echo, {"role": "user", "content": "again"}],
+            tools=None,
+            template_kwargs=None,
+            rewritten_history="append",
         )
     assert info.value.code == "chat_template_error"
 
@@ -183,3 +187,35 @@ def test_config_reads_generation_eos_ids(tmp_path: Path, tokenizer_dir: Path) ->
         (tmp_path / name).write_bytes((tokenizer_dir / name).read_bytes())
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
     assert ChatRenderer.from_dir(tmp_path).stop_token_ids == (2, 0)
+
+
+# Qwen3's way: an assistant turn before the last user message is rendered without its reasoning.
+DROPS_EARLIER_REASONING = (
+    "{%- set last_user = namespace(i=-1) %}"
+    "{%- for message in messages %}{%- if message.role == 'user' %}{%- set last_user.i = loop.index0 %}{%- endif %}"
+    "{%- endfor %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' and loop.index0 < last_user.i %}"
+    "{{ '<|im_start|>assistant\\n' + message.content.split('</think>')[-1].lstrip() + '<|im_end|>\\n' }}"
+    "{%- else %}{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_a_template_that_drops_earlier_reasoning_is_appended_to_as_miles_does(renderer: ChatRenderer) -> None:
+    qwen = ChatRenderer(renderer.tokenizer, DROPS_EARLIER_REASONING, stop_token_ids=renderer.stop_token_ids)
+    first = [{"role": "user", "content": "hi"}]
+    prompt = qwen.first_prompt(first, tools=None, template_kwargs=None)
+    reply = "<think>the user greets</think>hello"
+    output = [*qwen.encode(reply), renderer.stop_token_ids[0]]
+    echo = {"role": "assistant", "content": reply}
+    base = Checkpoint(turns=1, messages=(*first, echo), token_ids=[*prompt, *output], last_output_ids=output)
+    following = [*first, echo, {"role": "user", "content": "again"}]
+    with pytest.raises(ChatTemplateError, match="prefix-stable"):
+        qwen.continue_prompt(base, following, tools=None, template_kwargs=None, rewritten_history="refuse")
+    ids = qwen.continue_prompt(base, following, tools=None, template_kwargs=None, rewritten_history="append")
+    assert ids[: len(prompt) + len(output)] == [*prompt, *output]  # the reasoning as generated, kept
+    assert (
+        qwen.decode(ids[len(prompt) + len(output) :])
+        == "\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n"
+    )

@@ -15,6 +15,7 @@ from rolloutgate.core.clock import ManualClock
 from rolloutgate.errors import Timeout
 from rolloutgate.sessions.errors import (
     ChatTemplateError,
+    EngineAnswerInvalid,
     SessionConflict,
     SessionDiverged,
     SessionEvicted,
@@ -22,7 +23,7 @@ from rolloutgate.sessions.errors import (
 )
 from rolloutgate.sessions.registry import SessionLimits, SessionRegistry
 from rolloutgate.sessions.render import ChatRenderer
-from rolloutgate.sessions.service import SessionAnswer, SessionCall, SessionService
+from rolloutgate.sessions.service import SessionAnswer, SessionCall, SessionService, SessionSettings
 from rolloutgate.sessions.testing import WEATHER_TOOL, ScriptedGenerate, scripted_logprob
 
 TOOL_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s"}}\n</tool_call>'
@@ -384,3 +385,97 @@ async def test_proxy_passes_the_session_as_routing_key(clock: ManualClock) -> No
     assert calls[1].body is None and calls[1].raw_body is None
     with pytest.raises(SessionNotFound):
         await service.proxy("nope", "GET", "/v1/models", query="", body=b"", headers={})
+
+
+@dataclass
+class ChatEngine:
+    """SGLang's chat endpoint taking `input_ids`: its own parser has read a tool call out of the reply."""
+
+    renderer: ChatRenderer
+    prompt_tokens_off: int = 0  # an engine that ignored input_ids saw another prompt
+    calls: list[SessionCall] = field(default_factory=list)
+
+    async def __call__(self, call: SessionCall) -> SessionAnswer:
+        self.calls.append(call)
+        assert call.body is not None
+        output = [*self.renderer.encode(TOOL_CALL % "Paris"), *self.renderer.stop_token_ids[:1]]
+        answer = {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "model": "tiny",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": None,
+                        "reasoning_content": "look it up",
+                        "tool_calls": [
+                            {
+                                "id": "call_0",
+                                "type": "function",
+                                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                            }
+                        ],
+                    },
+                    "finish_reason": "tool_calls",
+                    "logprobs": {"content": []},
+                    "meta_info": {
+                        "prompt_tokens": len(call.body["input_ids"]) + self.prompt_tokens_off,
+                        "completion_tokens": len(output),
+                        "cached_tokens": 0,
+                        "weight_version": "v7",
+                        "finish_reason": {"type": "stop", "matched": output[-1]},
+                        "output_token_logprobs": [[-0.25, t, None] for t in output],
+                    },
+                }
+            ],
+            "usage": {"prompt_tokens": len(call.body["input_ids"]), "completion_tokens": len(output)},
+        }
+        return SessionAnswer(status=200, body=orjson.dumps(answer), engine_id="engine-0")
+
+
+def chat_route_service(engine: ChatEngine, clock: ManualClock, renderer: ChatRenderer) -> SessionService:
+    return SessionService(
+        SessionRegistry(SessionLimits()),
+        engine,
+        clock,
+        renderer=renderer,
+        settings=SessionSettings(engine_route="chat"),
+        wall_clock=lambda: 1_700_000_000.0,
+    )
+
+
+async def test_the_chat_route_sends_the_gateways_ids_and_keeps_the_engines_parsed_reply(
+    clock: ManualClock, renderer: ChatRenderer
+) -> None:
+    engine = ChatEngine(renderer)
+    service = chat_route_service(engine, clock, renderer)
+    session_id = service.create()
+    messages = [{"role": "user", "content": "weather in Paris?"}]
+    outcome = await service.chat(session_id, chat_body(messages))
+    (call,) = engine.calls
+    assert call.path == "/v1/chat/completions"
+    assert (
+        call.body is not None and call.body["messages"] == messages
+    )  # SGLang requires them beside input_ids
+    expected = renderer.first_prompt(messages, tools=[WEATHER_TOOL], template_kwargs=None)
+    assert call.body["input_ids"] == expected and call.body["return_meta_info"] is True
+    assert call.body["stop_token_ids"] == list(renderer.stop_token_ids)
+    assert outcome.completion is not None
+    reply = outcome.completion["choices"][0]["message"]
+    assert reply["tool_calls"][0]["function"]["name"] == "get_weather"  # the engine's parser, kept
+    assert "meta_info" not in outcome.completion["choices"][0]  # not asked for: stripped
+    (record,) = service.registry.get(session_id, clock.now()).records
+    assert record.prompt_new_ids.tolist() == expected
+    assert record.output_ids.tolist() == [*renderer.encode(TOOL_CALL % "Paris"), *renderer.stop_token_ids[:1]]
+    assert record.output_logprobs.tolist() == [-0.25] * len(record.output_ids)
+    assert record.weight_version == "v7" and record.tokenized_by_gateway
+
+
+async def test_an_engine_that_ignored_the_ids_is_refused(clock: ManualClock, renderer: ChatRenderer) -> None:
+    service = chat_route_service(ChatEngine(renderer, prompt_tokens_off=3), clock, renderer)
+    session_id = service.create()
+    with pytest.raises(EngineAnswerInvalid, match="prompt tokens"):
+        await service.chat(session_id, chat_body([{"role": "user", "content": "hi"}]))
+    assert service.registry.get(session_id, clock.now()).records == []  # nothing recorded

@@ -11,6 +11,7 @@ import pytest
 from rolloutgate.errors import BadRequest
 from rolloutgate.sessions import tito
 from rolloutgate.sessions.errors import EngineAnswerInvalid, UnsupportedInSession
+from rolloutgate.sessions.record import engine_meta_of
 from rolloutgate.sessions.render import ChatRenderer
 from rolloutgate.sessions.testing import WEATHER_TOOL, generate_answer, scripted_logprob
 
@@ -353,3 +354,21 @@ def test_completion_chunks() -> None:
         "usage": {"total_tokens": 3},
     }
     assert len(tito.completion_chunks(completion, include_usage=False)) == 2
+
+
+def test_lora_and_routing_replay_fields_reach_the_engine_and_the_record() -> None:
+    carried = {
+        "lora_path": "adapter-3",
+        "return_routed_experts": True,
+        "routed_experts_start_len": 17,
+        "return_indexer_topk": True,
+    }
+    body = tito.generate_body(request(**carried), [1, 2, 3], stop_token_ids=[2], default_max_tokens=8)
+    assert {k: body[k] for k in carried} == carried
+    chat = tito.tito_chat_body(request(**carried), [1, 2, 3], stop_token_ids=[2])
+    assert {k: chat[k] for k in carried} == carried and chat["input_ids"] == [1, 2, 3]
+    meta = {"prompt_tokens": 3, "routed_experts": "AAAA", "output_token_logprobs": [[-0.1, 5, None]]}
+    assert engine_meta_of(meta) == {
+        "prompt_tokens": 3,
+        "routed_experts": "AAAA",
+    }  # ids and logprobs live apart

@@ -109,6 +109,8 @@ def mount_sessions(app: web.Application) -> None:
         settings=SessionSettings(
             max_model_len=min(models) if models else None,
             tree=settings.session_tree,
+            engine_route=settings.session_engine_route,
+            rewritten_history=settings.session_rewritten_history,
             picker=settings.session_picker,
             samples_weight_versions=settings.samples_weight_versions,
         ),

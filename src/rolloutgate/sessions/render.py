@@ -26,8 +26,11 @@ The invariant: the ids sent to the engine as `input_ids` for turn k+1 start with
 and output, so the trajectory (last prompt + last output) contains each turn's generated ids at the place
 the engine generated them, and what the engine saw is exactly what training gets. It needs the template to
 be prefix-stable at assistant boundaries (`full` starts with `head`; true of ChatML/Hermes templates, false
-of templates that rewrite earlier turns, e.g. ones that drop earlier reasoning); a request for which it does
-not hold fails with `chat_template_error` instead of silently sending different ids.
+of templates that rewrite earlier turns, e.g. ones that drop earlier reasoning). Where it does not hold, the
+suffix is rendered after a fixed stand-in history instead (`rewritten_history="append"`, the gateway's
+default, as miles' TITO tokenizers do: the ids stay exact, and the engine sees the earlier turns as it
+generated them, reasoning included, not as the template would render them now), or the request fails with
+`chat_template_error` (`"refuse"`); a template that rewrites even that fails either way.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import jinja2
 import jinja2.ext
@@ -53,6 +56,15 @@ __all__ = ("ChatRenderer", "Checkpoint", "close_overlap")
 
 _PROBE_USER = "\u2063rolloutgate-probe-user\u2063"
 _PROBE_ASSISTANT = "\u2063rolloutgate-probe-assistant\u2063"
+# A closed assistant turn to render after: without, then with a system message (templates that require one)
+_STAND_INS: tuple[list[dict[str, Any]], ...] = (
+    [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_ASSISTANT}],
+    [
+        {"role": "system", "content": _PROBE_USER},
+        {"role": "user", "content": _PROBE_USER},
+        {"role": "assistant", "content": _PROBE_ASSISTANT},
+    ],
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -236,9 +248,13 @@ class ChatRenderer:
         *,
         tools: list[Any] | None,
         template_kwargs: dict[str, Any] | None,
+        rewritten_history: Literal["append", "refuse"] = "refuse",
     ) -> list[int]:
         """Prompt ids for `messages`, which extend `base.messages` (the caller checked): base ids + bridge +
-        the new messages' ids. Raises ChatTemplateError when the template is not prefix-stable for them."""
+        the new messages' ids. A template that rewrites the history already rendered (one that drops earlier
+        reasoning) raises ChatTemplateError, or with `rewritten_history="append"` gets the new messages
+        rendered after a fixed stand-in history instead, as miles' TITO tokenizers do: the engine then sees the
+        earlier turns as they were generated, not as the template would render them now."""
         if base.turns == 0:
             return self.first_prompt(messages, tools=tools, template_kwargs=template_kwargs)
         full = self.render(messages, tools=tools, add_generation_prompt=True, template_kwargs=template_kwargs)
@@ -248,7 +264,10 @@ class ChatRenderer:
             add_generation_prompt=False,
             template_kwargs=template_kwargs,
         )
-        if not full.startswith(head):
+        suffix: str | None = full[len(head) :] if full.startswith(head) else None
+        if suffix is None and rewritten_history == "append":
+            suffix = self._suffix_after_stand_in(messages[len(base.messages) :], tools, template_kwargs)
+        if suffix is None:
             at = next((i for i, (a, b) in enumerate(zip(full, head, strict=False)) if a != b), len(full))
             raise ChatTemplateError(
                 "the chat template is not prefix-stable for this conversation: rendering the new messages "
@@ -256,19 +275,36 @@ class ChatRenderer:
                 "reused exactly (a template that rewrites earlier turns cannot serve token-in-token-out sessions)"
             )
         bridge = list(self.close_ids[close_overlap(base.last_output_ids, self.close_ids) :])
-        return [*base.token_ids, *bridge, *self.encode(full[len(head) :])]
+        return [*base.token_ids, *bridge, *self.encode(suffix)]
+
+    def _suffix_after_stand_in(
+        self,
+        new_messages: Sequence[dict[str, Any]],
+        tools: list[Any] | None,
+        template_kwargs: dict[str, Any] | None,
+    ) -> str | None:
+        """What the template renders for `new_messages` after a closed assistant turn of a fixed two-message
+        history (the probe's), or None if that is not prefix-stable either (a template that rewrites all)."""
+        for stand_in in _STAND_INS:
+            try:
+                head = self.render(
+                    stand_in, tools=tools, add_generation_prompt=False, template_kwargs=template_kwargs
+                )
+                full = self.render(
+                    [*stand_in, *new_messages],
+                    tools=tools,
+                    add_generation_prompt=True,
+                    template_kwargs=template_kwargs,
+                )
+            except ChatTemplateError:
+                continue
+            if full.startswith(head):
+                return full[len(head) :]
+        return None
 
     def _probe_close_ids(self) -> tuple[int, ...]:
         """Ids of the text the template writes after an assistant message's content (ChatML: `<|im_end|>\\n`)."""
-        probes = (
-            [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_ASSISTANT}],
-            [
-                {"role": "system", "content": _PROBE_USER},
-                {"role": "user", "content": _PROBE_USER},
-                {"role": "assistant", "content": _PROBE_ASSISTANT},
-            ],
-        )
-        for probe in probes:
+        for probe in _STAND_INS:
             try:
                 text = self.render(probe, add_generation_prompt=False)
             except ChatTemplateError:

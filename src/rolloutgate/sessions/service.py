@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import orjson
 
@@ -89,6 +89,10 @@ class SessionSettings:
     default_max_tokens: int = 16_384  # max_new_tokens when the agent sets none (SGLang's own default is 128)
     max_model_len: int | None = None  # caps max_new_tokens at the context length left
     tree: bool = False  # miles' v2: samples per leaf (the registry keeps the branches: SessionLimits)
+    # with a renderer: the gateway's prompt ids go to SGLang `/generate` (the gateway parses the reply) or to
+    # its chat endpoint as `input_ids` (the engine's tool-call and reasoning parsers read it, as miles does)
+    engine_route: Literal["generate", "chat"] = "generate"
+    rewritten_history: Literal["append", "refuse"] = "append"  # a template that rewrites earlier turns
     picker: Picker = "drop_retries"
     samples_weight_versions: WeightVersionsWire = "spans"
 
@@ -196,7 +200,11 @@ class SessionService:
         prompt_ids: list[int] | None = None
         if renderer is not None:
             prompt_ids = renderer.continue_prompt(
-                checkpoint, request.messages, tools=request.tools, template_kwargs=request.template_kwargs
+                checkpoint,
+                request.messages,
+                tools=request.tools,
+                template_kwargs=request.template_kwargs,
+                rewritten_history=self.settings.rewritten_history,
             )
         ticket = registry.begin_turn(session, base, _request_key(tkey, keys), self.clock.now())
         request_id, request_at = self._new_request_id(), self._wall()
@@ -259,7 +267,10 @@ class SessionService:
         prompt_ids: list[int] | None,
         headers: Mapping[str, str] | None,
     ) -> SessionCall:
-        if self.renderer is not None and prompt_ids is not None:
+        if self.renderer is not None and prompt_ids is not None and self.settings.engine_route == "chat":
+            path = "/v1/chat/completions"
+            body = tito.tito_chat_body(request, prompt_ids, stop_token_ids=self.renderer.stop_token_ids)
+        elif self.renderer is not None and prompt_ids is not None:
             path = "/generate"
             body = tito.generate_body(
                 request,
@@ -293,6 +304,17 @@ class SessionService:
             parsed = answer.json()
         except orjson.JSONDecodeError as exc:
             raise EngineAnswerInvalid(f"the engine's answer is not JSON: {exc}") from exc
+        if self.renderer is not None and prompt_ids is not None and self.settings.engine_route == "chat":
+            turn = tito.parse_chat_answer(parsed)
+            seen = (turn.meta_info or {}).get("prompt_tokens")
+            if seen != len(prompt_ids):
+                raise EngineAnswerInvalid(
+                    f"the engine saw {seen} prompt tokens, the gateway sent {len(prompt_ids)} as input_ids (an "
+                    "engine whose chat endpoint takes no input_ids renders the messages itself)"
+                )
+            if not isinstance((turn.meta_info or {}).get("output_token_logprobs"), list):
+                raise EngineAnswerInvalid("the engine's chat answer has no meta_info.output_token_logprobs")
+            return turn, tito.strip_chat_answer(parsed, request), len(base_ids), prompt_ids[len(base_ids) :]
         if self.renderer is not None and prompt_ids is not None:
             turn = tito.parse_generate_answer(parsed, prompt_len=len(prompt_ids))
             completion = tito.completion_from_turn(

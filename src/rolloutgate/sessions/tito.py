@@ -49,6 +49,7 @@ __all__ = (
     "recorded_chat_body",
     "reply_message_of",
     "strip_chat_answer",
+    "tito_chat_body",
 )
 
 # chat parameter -> SGLang sampling parameter, copied when the agent sets them
@@ -334,6 +335,23 @@ def recorded_chat_body(request: ChatRequest) -> dict[str, Any]:
         return_token_ids=True,
         return_prompt_token_ids=True,
     )
+    return body
+
+
+def tito_chat_body(
+    request: ChatRequest, prompt_ids: Sequence[int], *, stop_token_ids: Sequence[int]
+) -> dict[str, Any]:
+    """The engine's chat endpoint with the gateway's prompt ids (SGLang `input_ids`, as miles sends it): the
+    engine skips its template and takes these ids, and its own tool-call and reasoning parsers read the reply.
+    `messages` stay (SGLang requires them, and they set the tool-call constraint); SGLang applies only the
+    request's own stops to pre-tokenized input, so the template's stop ids are added."""
+    body = {k: v for k, v in request.body.items() if k not in ("stream", "stream_options")}
+    stops = list(dict.fromkeys([*stop_token_ids, *(request.body.get("stop_token_ids") or [])]))
+    body.update(
+        stream=False, logprobs=True, return_meta_info=True, no_stop_trim=False, input_ids=list(prompt_ids)
+    )
+    if stops:
+        body["stop_token_ids"] = stops
     return body
 
 

@@ -169,12 +169,12 @@ def _openai_common(body: dict[str, Any], prompt_ids: list[int], config: SimEngin
 
 
 def parse_chat(body: dict[str, Any], config: SimEngineConfig) -> GenParams:
-    if body.get("input_ids") is not None:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:  # SGLang requires them with input_ids too
+        raise BadRequest("messages must be a non-empty list", param="messages")
+    if body.get("input_ids") is not None:  # SGLang: pre-tokenized, the template is skipped
         prompt_ids = _token_ids(body["input_ids"], "input_ids")
     else:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("messages must be a non-empty list", param="messages")
         try:
             prompt_ids = tokens.tokenize(tokens.render_chat(messages))
         except ValueError as exc:
