@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +54,9 @@ def test_a_bad_value_is_refused_with_the_setting_named(capsys: pytest.CaptureFix
     args = build_parser(only="serve").parse_args(["serve", "--session-idle-ttl", "-5"])
     assert cli.run(args) == 2
     assert "session_idle_ttl" in capsys.readouterr().err
+
+
+def test_docs_list_every_setting_as_the_settings_say() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "gateway.md").read_text()
+    listed = text.split("<!-- settings:begin -->\n", 1)[1].split("<!-- settings:end -->", 1)[0]
+    assert listed == cli.settings_table(), "docs/gateway.md's settings table is stale: paste settings_table()"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -96,3 +98,39 @@ async def test_a_turn_the_engine_cannot_stream_is_watched_by_engine_level_progre
     assert record["timing"]["attempts"] == 1
     assert record["timing"]["wall_s"] > 2.0 * 2  # it outlived the stall timeout twice over
     assert all(e.state == "healthy" for e in gateway.context.pool.engines.values())
+
+
+@pytest.mark.parametrize("client", ["openai", "litellm"])
+async def test_a_session_turn_that_times_out_after_keepalive_runs_once(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, tmp_path: Path, client: str
+) -> None:
+    """A turn whose charged time runs out after keep-alive committed its 200: the agent's client, retries on,
+    raises once, and the engine ran one generation (a cut connection would have made both clients retry)."""
+    cluster = await make_cluster(engines=1, time_scale=100.0)
+    gateway = await make_gateway(
+        cluster, tokenizer=str(build_tiny_tokenizer(tmp_path / "tok")), timeout=20.0, keepalive_interval=2.0
+    )
+    model = cluster.engines[0].model
+    async with httpx.AsyncClient(timeout=60) as http:
+        session_id = (await http.post(f"{gateway.url}/sessions")).json()["session_id"]
+    base_url = f"{gateway.url}/sessions/{session_id}/v1"
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": "a long answer"}], "max_tokens": 30_000}
+    if client == "openai":
+        sdk = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=2)
+        with pytest.raises(json.JSONDecodeError):  # the error object, then a second JSON value
+            await sdk.chat.completions.create(model="sim-model", extra_body={"ignore_eos": True}, **body)
+        await sdk.close()
+    else:
+        litellm = pytest.importorskip("litellm")
+        with pytest.raises(
+            litellm.InternalServerError
+        ):  # its text says "Retried: 3 times"; the engine says once
+            await litellm.acompletion(
+                model="openai/sim-model",
+                api_base=base_url,
+                api_key="unused",
+                num_retries=3,
+                ignore_eos=True,
+                **body,
+            )
+    assert model.stats.requests_total == 1

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -50,11 +51,13 @@ class Switchable:
         self.answer: SessionAnswer | None = None
         self.waiting = asyncio.Event()
         self.proxied: list[SessionCall] = []
+        self.generations = 0  # `/generate` calls received
 
     async def __call__(self, call: SessionCall) -> SessionAnswer:
         if call.path != "/generate":
             self.proxied.append(call)
             return SessionAnswer(status=201, body=b'{"proxied": true}', headers={"X-Upstream": "yes"})
+        self.generations += 1
         if self.gate is not None:
             self.waiting.set()
             await self.gate.wait()
@@ -237,7 +240,7 @@ async def test_streaming_keepalive_then_error_event(harness: tuple[Harness, Swit
     assert h.service.registry.stats().turns_in_flight == 0
 
 
-async def test_non_streaming_error_after_keepalive_cuts_the_connection(
+async def test_non_streaming_error_after_keepalive_is_the_error_object_then_a_second_value(
     harness: tuple[Harness, Switchable],
 ) -> None:
     h, dispatcher = harness
@@ -249,8 +252,51 @@ async def test_non_streaming_error_after_keepalive_cuts_the_connection(
         assert response.status == 200
         await response.content.readexactly(1)
         dispatcher.gate.set()
-        with pytest.raises(aiohttp.ClientPayloadError):
-            await response.read()
+        body = await response.read()  # the body ends normally: no cut connection for a client to retry on
+    error, end = orjson.loads(body.split(b"\n")[0]), body.split(b"\n", 1)[1]
+    assert error["error"]["code"] == "timeout" and end.strip().startswith(b'{"rolloutgate"')
+
+
+KEEPALIVE_S = 0.05  # the harness' keep-alive interval
+COMMITTED_AFTER_S = 0.5  # ten intervals: the 200 is committed by keep-alive before the turn fails
+
+
+@pytest.mark.parametrize("client", ["openai", "litellm"])
+async def test_a_turn_that_fails_after_keepalive_starts_no_second_generation(
+    harness: tuple[Harness, Switchable], client: str
+) -> None:
+    """RL rollouts' own path: the agent's client, with its retries on, raises once and sends nothing again."""
+    h, dispatcher = harness
+    sid = await h.new_session()
+    dispatcher.gate = asyncio.Event()
+    dispatcher.fail = Timeout("charged engine time passed the request's timeout")
+    messages = [{"role": "user", "content": "x"}]
+
+    async def fail_late() -> None:
+        await dispatcher.waiting.wait()
+        await asyncio.sleep(COMMITTED_AFTER_S)
+        assert dispatcher.gate is not None
+        dispatcher.gate.set()
+
+    releaser = asyncio.create_task(fail_late())
+    if client == "openai":
+        sdk = openai.AsyncOpenAI(base_url=f"{h.url}/sessions/{sid}/v1", api_key="unused", max_retries=2)
+        with pytest.raises(json.JSONDecodeError):  # a 200 whose body is not one JSON value (docs/clients.md)
+            await sdk.chat.completions.create(model="tiny", messages=messages)  # type: ignore[arg-type]
+        await sdk.close()
+    else:
+        litellm = pytest.importorskip("litellm")
+        with pytest.raises(litellm.InternalServerError):
+            await litellm.acompletion(
+                model="openai/tiny",
+                api_base=f"{h.url}/sessions/{sid}/v1",
+                api_key="unused",
+                messages=messages,
+                num_retries=3,  # Harbor's, in the incident
+            )
+    await releaser
+    assert dispatcher.generations == 1  # one generation: no client retried
+    assert h.service.registry.stats().turns_in_flight == 0
 
 
 async def test_an_error_before_keepalive_keeps_its_status(harness: tuple[Harness, Switchable]) -> None:

@@ -20,7 +20,7 @@ import openai
 from aiohttp import web
 from openai.types.chat import ChatCompletionMessageParam
 
-from rolloutgate.server.respond import ERROR_TRAILER
+from rolloutgate.framing import ERROR_TRAILER
 
 ERR = json.dumps(
     {

@@ -34,8 +34,9 @@ Verdicts (ENGINE clock mode; DESIGN.md is authoritative):
 
 WALLCLOCK clock mode reproduces the incident's proxy: no admission limit (capacity and prefill budget are
 infinite, so everything is dispatched at once to the least outstanding engine), the timeout counts wall time
-from arrival and fails the request WITHOUT an Abort (the engine keeps generating), no stall or hung detection,
-and a client disconnect does nothing. Everything else (gate, queue limits, failures, max_wall) is the same.
+from arrival and fails the request without an Abort command (the edge still closes the call's connection as it
+fails it, which the engine notices within a few seconds and aborts: what the miles router does with its timeout
+set), no stall or hung detection, and a client disconnect does nothing. Everything else (gate, queue limits, failures, max_wall) is the same.
 
 Rules:
 1. Every request ends exactly once: Complete, Fail, or forgotten after its client left; its record, queue

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from rolloutgate.config import GatewaySettings, load_settings
 
-__all__ = ("add_arguments", "run")
+__all__ = ("add_arguments", "run", "settings_table")
 
 
 # Flags whose name is not the setting's: repeatable ones are named for one value.
@@ -52,6 +52,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             options["type"] = _optional
             options["metavar"] = "VALUE|none"
         parser.add_argument(flag, **options)
+
+
+def settings_table() -> str:
+    """Every setting as a Markdown table (flag, default, meaning): docs/gateway.md holds it verbatim, and a
+    test keeps the two equal."""
+    rows = ["| flag | default | meaning |", "| --- | --- | --- |"]
+    for name, field in GatewaySettings.model_fields.items():
+        flag = _FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+        default = _default_text(field.get_default(call_default_factory=True))
+        meaning = str(field.description).replace("|", "\\|")
+        rows.append(f"| `{flag}` | {default} | {meaning} |")
+    return "\n".join(rows) + "\n"
 
 
 def _optional(text: str) -> str | None:

@@ -19,6 +19,7 @@ from aiohttp import web
 from rolloutgate.core.events import RequestArrived, RequestLimits
 from rolloutgate.engines.base import Route
 from rolloutgate.errors import PayloadTooLarge, Unavailable, UpstreamFailure
+from rolloutgate.framing import forwardable
 from rolloutgate.server.attach import CachedOutcome, key_for
 from rolloutgate.server.auth import check_admin, check_api_key
 from rolloutgate.server.context import CONTEXT, GatewayContext
@@ -48,22 +49,6 @@ ROUTING_KEY_HEADERS = ("X-SMG-Routing-Key", "X-Session-Id")
 _ROUTE_COUNTERS = "front.route_counters"  # ctx.extras key: the request counter's child per route
 _DEFAULT_LIMITS = "front.default_limits"  # ctx.extras key: (settings' budgets, their RequestLimits)
 ROUTES = {route.value: route for route in Route}
-_HOP_BY_HOP = frozenset(
-    h.lower()
-    for h in (
-        "Connection",
-        "Keep-Alive",
-        "Proxy-Authenticate",
-        "Proxy-Authorization",
-        "TE",
-        "Trailer",
-        "Transfer-Encoding",
-        "Upgrade",
-        "Host",
-        "Content-Length",
-        "Authorization",
-    )
-)
 
 
 # Engine paths the catch-all proxy forwards with an API key alone: reads and inference helpers. Anything else
@@ -396,7 +381,7 @@ async def proxy_path(ctx: GatewayContext, request: web.Request, path_qs: str) ->
         raise Unavailable("no healthy engine to proxy to", retry_after_s=5)
     in_flight = ctx.driver.core.stats().in_flight
     engine = min(candidates, key=lambda e: in_flight.get(e.engine_id, 0))
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+    headers = forwardable(request.headers, to_engine=True)
     body = await request.read()
     try:
         async with ctx.session.request(
@@ -404,7 +389,7 @@ async def proxy_path(ctx: GatewayContext, request: web.Request, path_qs: str) ->
         ) as upstream:
             response = web.StreamResponse(
                 status=upstream.status,
-                headers={k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP},
+                headers=forwardable(upstream.headers, to_engine=False),
             )
             await response.prepare(request)
             chunks = upstream.content.iter_any().__aiter__()

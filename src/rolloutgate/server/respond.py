@@ -6,14 +6,8 @@ keep-alive byte: an SSE comment (`: keep-alive`) for a stream, a space before th
 allows leading whitespace; httpx, the OpenAI SDK and LiteLLM all parse it, see reference/clients.md). An answer
 or an error that comes before that gets its proper status and headers, timing included.
 
-Once keep-alive has committed a 200, an error is framed so each client still raises (measured with each
-client, see docs/clients.md):
-- a stream gets an SSE `data: {"error": ...}` event (the OpenAI SDK raises APIError; LiteLLM raises);
-- a non-streaming body gets the error object followed by a second JSON value, so the body is not valid JSON:
-  the OpenAI SDK raises (JSONDecodeError), LiteLLM raises InternalServerError, an httpx user's `.json()`
-  raises, and the error object is still the first thing in the body. None of them retries. (A bare
-  `{"error": ...}` is returned by the SDK as a completion with no choices; cutting the connection makes the
-  SDK and LiteLLM retry, starting new generations.)
+Once keep-alive has committed a 200, an error is framed so each client still raises once and none retries
+(rolloutgate/framing.py, shared with the session API).
 
 The interval is the server's `keepalive_interval`, shortened to half the client's announced read timeout
 (`x-stainless-read-timeout`, sent by the OpenAI SDK and so by LiteLLM), and can be turned off or on per
@@ -29,6 +23,7 @@ import orjson
 from aiohttp import web
 
 from rolloutgate.errors import GatewayError
+from rolloutgate.framing import JSON_KEEPALIVE, SSE_DONE, SSE_KEEPALIVE, error_after_keepalive
 from rolloutgate.server.exchange import Exchange, Finished, Outbox, OutboxItem
 from rolloutgate.server.metrics import Metrics
 
@@ -36,11 +31,7 @@ __all__ = ("NO_TIMING", "KeepAlive", "TimingSource", "keepalive_for", "write_out
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 JSON_HEADERS = {"Content-Type": "application/json"}
-SSE_KEEPALIVE = b": keep-alive\n\n"
-JSON_KEEPALIVE = b" "
-SSE_DONE = b"data: [DONE]\n\n"
 _MAX_EVENTS_PER_WRITE = 64  # stream events joined into one write when they are already queued
-ERROR_TRAILER = b'\n{"rolloutgate": "error after keep-alive: the error object above is the answer"}\n'
 
 
 @dataclass(slots=True)  # not frozen: built per request (core/events.py, `_per_request`)
@@ -205,11 +196,5 @@ async def _write_error(
 ) -> web.StreamResponse:
     if response is None:
         return web.Response(status=error.status, body=error.body(), headers=error.headers())
-    if streams:
-        await response.write_eof(b"data: " + error.body() + b"\n\n" + SSE_DONE)
-        return response
-    # The error object, then a second JSON value: the body as a whole is not valid JSON, so every client
-    # raises once (the OpenAI SDK a JSONDecodeError, LiteLLM an InternalServerError, an httpx user's
-    # .json() a JSONDecodeError) instead of parsing a 200 as a completion, and none of them retries.
-    await response.write_eof(error.body() + ERROR_TRAILER)
+    await response.write_eof(error_after_keepalive(error.body(), streams=streams, status=error.status))
     return response

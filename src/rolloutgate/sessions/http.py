@@ -13,9 +13,9 @@ An agent given the base URL `.../sessions/{id}/v1` uses the OpenAI SDK or LiteLL
 Theory of operation (chat): the turn runs as a task while the handler waits. If it is not done within the
 keep-alive interval, the handler commits a 200 and writes keep-alive bytes (SSE comments for a streaming
 client, spaces before the JSON body otherwise) so the client's read timeout never fires while the gateway
-queues, pauses or waits out other requests' prefill. An error after that point is framed so every client
-still raises: an SSE `data: {"error": ...}` event, or (non-streaming) the error JSON followed by a cut
-connection (the same framing as the gateway's front; see server/respond.py). A streaming client gets the
+queues, pauses or waits out other requests' prefill. An error after that point is framed as the gateway's
+front frames it (rolloutgate/framing.py): every client raises once and none retries, so a failed turn starts
+no second generation. A streaming client gets the
 finished turn as `chat.completion.chunk` events at the end. A client that goes away cancels the turn
 (`Dispatcher` contract), and the turn is not recorded.
 
@@ -33,6 +33,7 @@ import orjson
 from aiohttp import web
 
 from rolloutgate.errors import BadRequest, GatewayError
+from rolloutgate.framing import JSON_KEEPALIVE, SSE_DONE, SSE_KEEPALIVE, error_after_keepalive, forwardable
 from rolloutgate.sessions import tito
 from rolloutgate.sessions.samples_wire import CONTENT_TYPE
 from rolloutgate.sessions.service import ChatOutcome, SessionService
@@ -59,24 +60,7 @@ Authorize = Callable[[web.Request], None]
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 _JSON = {"Content-Type": "application/json"}
-_SSE_KEEPALIVE = b": keep-alive\n\n"
-_SSE_DONE = b"data: [DONE]\n\n"
 _DISCONNECT_POLL_S = 1.0  # how often a waiting handler checks that its client is still there
-_HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-        "content-encoding",
-    }
-)
 
 
 def default_keepalive(interval_s: float = 15.0) -> KeepAliveInterval:
@@ -142,7 +126,7 @@ def add_session_routes(
             body=await request.read(),
             headers=_forward_headers(request),
         )
-        headers = {k: v for k, v in answer.headers.items() if k.lower() not in _HOP_BY_HOP}
+        headers = forwardable(answer.headers, to_engine=False)
         if not any(k.lower() == "content-type" for k in headers):
             headers.update(_JSON)  # engines answer JSON; a dispatcher may not pass the header on
         return web.Response(status=answer.status, body=answer.body, headers=headers)
@@ -203,11 +187,7 @@ def _json(value: Any, status: int = 200) -> web.Response:
 
 
 def _forward_headers(request: web.Request) -> dict[str, str]:
-    return {
-        k: v
-        for k, v in request.headers.items()
-        if k.lower() not in _HOP_BY_HOP and k.lower() != "authorization"
-    }
+    return forwardable(request.headers, to_engine=True)
 
 
 async def _chat(
@@ -244,7 +224,7 @@ async def _chat(
             if response is None:
                 response = web.StreamResponse(status=200, headers=_SSE_HEADERS if streams else _JSON)
                 await response.prepare(request)
-            await response.write(_SSE_KEEPALIVE if streams else b" ")
+            await response.write(SSE_KEEPALIVE if streams else JSON_KEEPALIVE)
             silent_since = loop.time()
     except (asyncio.CancelledError, ConnectionResetError):
         turn.cancel()  # the agent left: its turn is abandoned upstream and not recorded
@@ -252,10 +232,9 @@ async def _chat(
     try:
         outcome = turn.result()
     except GatewayError as error:
-        return await _write_error(request, response, error.status, error.body(), error.headers(), streams)
+        return await _write_error(response, error.status, error.body(), error.headers(), streams)
     if outcome.completion is None:
         return await _write_error(
-            request,
             response,
             outcome.status,
             outcome.error_body or b"{}",
@@ -298,13 +277,12 @@ async def _write_completion(
         await response.prepare(request)
     for chunk in tito.completion_chunks(outcome.completion, include_usage=include_usage):
         await response.write(b"data: " + chunk + b"\n\n")
-    await response.write(_SSE_DONE)
+    await response.write(SSE_DONE)
     await response.write_eof()
     return response
 
 
 async def _write_error(
-    request: web.Request,
     response: web.StreamResponse | None,
     status: int,
     body: bytes,
@@ -312,29 +290,7 @@ async def _write_error(
     streams: bool,
 ) -> web.StreamResponse:
     if response is None:
-        kept = {k: v for k, v in headers.items() if k.lower() not in _HOP_BY_HOP}
+        kept = forwardable(headers, to_engine=False)
         return web.Response(status=status, body=body, headers={**_JSON, **kept})
-    if streams:
-        await response.write(b"data: " + _as_error_event(body, status) + b"\n\n" + _SSE_DONE)
-        await response.write_eof()
-        return response
-    await response.write(body)
-    # Cut the connection before the chunked body ends: every client then raises instead of parsing a 200.
-    transport = request.transport
-    if transport is not None:
-        transport.abort()
+    await response.write_eof(error_after_keepalive(body, streams=streams, status=status))
     return response
-
-
-def _as_error_event(body: bytes, status: int) -> bytes:
-    """An SSE error payload with a top-level `error` key (the OpenAI SDK raises only on that shape)."""
-    try:
-        value = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        value = None
-    if isinstance(value, dict) and "error" in value:
-        return body
-    message = value.get("message") if isinstance(value, dict) else body.decode("utf-8", "replace")
-    return orjson.dumps(
-        {"error": {"message": str(message), "type": "upstream_error", "param": None, "code": status}}
-    )
