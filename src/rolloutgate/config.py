@@ -20,7 +20,11 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from rolloutgate.core.config import GatewayCoreConfig, Placement
+
 __all__ = ("EngineSpec", "GatewaySettings", "load_settings")
+
+_CORE = GatewayCoreConfig()  # the defaults of what the core decides live in the core (core/config.py)
 
 EngineFamilyName = Literal["auto", "sglang", "vllm", "openai"]
 
@@ -76,21 +80,29 @@ class GatewaySettings(BaseSettings):
         default=None, ge=1, description="in-flight limit per engine (overrides probe)"
     )
     default_capacity: int = Field(default=64, ge=1, description="when an engine does not report one")
-    max_queue: int = Field(default=100_000, ge=1, description="requests waiting in the gateway at once")
-    max_attempts: int = Field(default=3, ge=1, description="engines a request may be tried on")
+    max_queue: int = Field(
+        default=_CORE.max_queue, ge=1, description="requests waiting in the gateway at once"
+    )
+    max_attempts: int = Field(
+        default=_CORE.max_attempts, ge=1, description="engines a request may be tried on"
+    )
     no_engine_grace: float = Field(
-        default=30.0, ge=0, description="seconds a request waits for an engine when none is usable"
+        default=_CORE.no_engine_grace_s,
+        ge=0,
+        description="seconds a request waits for an engine when none is usable",
     )
     contention_min_prefill_tokens: int = Field(
-        default=4096,
+        default=_CORE.contention_min_prefill_tokens,
         ge=0,
         description="only prefills of at least this many uncached tokens count as contention",
     )
     affinity_max_excess: int = Field(
-        default=8, ge=0, description="in flight above the least loaded engine before a session moves"
+        default=_CORE.affinity_max_excess,
+        ge=0,
+        description="in flight above the least loaded engine before a session moves",
     )
-    placement: Literal["prefill_aware", "session_affinity", "least_outstanding"] = Field(
-        default="prefill_aware", description="how requests are placed on engines (docs/prefill.md)"
+    placement: Placement = Field(
+        default=_CORE.placement, description="how requests are placed on engines (docs/prefill.md)"
     )
     prefill_budget_tokens: int | None = Field(
         default=None,
@@ -99,7 +111,7 @@ class GatewaySettings(BaseSettings):
         "and capacity, 0 or 'off' = no budget (docs/prefill.md)",
     )
     prefill_rest_ratio: float = Field(
-        default=0.5,
+        default=_CORE.prefill_rest_ratio,
         ge=0,
         le=100,
         description="after long prefills an engine takes no other for this times their duration (0 = never)",
@@ -118,7 +130,9 @@ class GatewaySettings(BaseSettings):
         default=True, description="keep-alive spaces before a non-streamed JSON answer too"
     )
     retry_grace: float = Field(
-        default=10.0, ge=0, description="seconds a disconnected client's generation waits for its retry"
+        default=_CORE.retry_grace_s,
+        ge=0,
+        description="seconds a disconnected client's generation waits for its retry",
     )
     result_ttl: float = Field(
         default=300.0,

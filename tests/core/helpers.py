@@ -7,9 +7,10 @@ events), in time order, like a driver and engines would. Nothing sleeps.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from rolloutgate.core.clock import ManualClock
 from rolloutgate.core.commands import Abort, Command, Complete, Dispatch, Fail, MarkEngine
@@ -31,10 +32,23 @@ def of(commands: Iterable[Command], kind: type[C]) -> list[C]:
     return [c for c in commands if isinstance(c, kind)]
 
 
+# The rules' reference world: sessions stay where they are, every prefill counts against the budget, no rest
+# after long prefills. The production defaults (GatewayCoreConfig()) add prefill-aware placement on top;
+# their tests name them (test_placement_prefill_aware.py, test_prefill_*).
+REFERENCE = GatewayCoreConfig(
+    placement="session_affinity", prefill_budget_exempt_tokens=0, prefill_rest_ratio=0.0
+)
+
+
+def reference(**changes: Any) -> GatewayCoreConfig:
+    """The reference world with these settings changed."""
+    return dataclasses.replace(REFERENCE, **changes)
+
+
 class Harness:
     def __init__(self, config: GatewayCoreConfig | None = None, *, clock: ManualClock | None = None) -> None:
         self.clock = clock or ManualClock()
-        self.gw = Gateway(config or GatewayCoreConfig())
+        self.gw = Gateway(config or REFERENCE)
         self.log: list[tuple[float, Command]] = []
         self.engine_of: dict[str, str] = {}  # request id -> engine of its latest dispatch
         self.attempt_of: dict[str, int] = {}

@@ -37,10 +37,11 @@ def test_invalid_config_raises(kwargs: dict[str, object]) -> None:
         GatewayCoreConfig(**kwargs)  # type: ignore[arg-type]
 
 
-def test_defaults() -> None:
+def test_defaults_are_the_ones_the_gateway_runs() -> None:
     c = GatewayCoreConfig()
     assert (c.max_queue, c.max_attempts, c.no_engine_grace_s, c.retry_grace_s) == (100_000, 3, 30.0, 10.0)
-    assert c.contention_min_prefill_tokens == 4096
+    assert (c.placement, c.prefill_rest_ratio, c.prefill_budget_exempt_tokens) == ("prefill_aware", 0.5, 4096)
+    assert c.contention_min_prefill_tokens == c.prefill_budget_exempt_tokens == 4096
 
 
 def test_gate_transitions() -> None:

@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 
 from rolloutgate.core.clock import ManualClock
 from rolloutgate.core.commands import Abort, Command, Complete, Dispatch, Fail, MarkEngine
-from rolloutgate.core.config import GatewayCoreConfig
 from rolloutgate.core.engine_watch import CREDIT_MARGIN_TOKENS, EngineWatch, credit_limit
 from rolloutgate.core.events import (
     EngineJoined,
@@ -31,6 +30,7 @@ from rolloutgate.core.events import (
     UpstreamFinished,
 )
 from rolloutgate.core.gateway import Gateway
+from tests.core.helpers import REFERENCE
 
 STALL_S = 30.0
 POLL_S = STALL_S / 20  # the gateway's default poll: a twentieth of the stall timeout
@@ -123,7 +123,7 @@ def simulate(run: Run, *, watched: bool, poll_s: float = POLL_S) -> Outcome:
     """Play `run` against the core (every call arrives and is dispatched at 0); see the module docstring.
     Attempts after the first answer at once: only the first attempts are compared."""
     clock = ManualClock(start_at=0.0)  # run times are seconds since every call was dispatched
-    core = Gateway(GatewayCoreConfig())
+    core = Gateway(REFERENCE)
     watch = EngineWatch()
     outcome = Outcome()
     engine_of: dict[str, str] = {}
@@ -284,7 +284,7 @@ def test_a_call_stuck_alone_is_caught_after_its_credit_runs_out_plus_stall_timeo
 def test_engine_progress_does_not_end_a_large_prefill_before_the_floor_rate_allows() -> None:
     """A watched 100K-token prefill ends (for contention) at its own first token, or once 100K tokens at
     the floor rate (2,000 tok/s: 50 s) have passed, not at the first reading showing its neighbours' tokens."""
-    h_core = Gateway(GatewayCoreConfig())
+    h_core = Gateway(REFERENCE)
     clock = ManualClock()
     h_core.handle(EngineJoined(engine_id="e1", capacity=8), clock.now())
     h_core.handle(RequestArrived(request_id="a"), clock.now())

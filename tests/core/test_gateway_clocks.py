@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from rolloutgate.core.commands import Abort, AbortReason, Complete, Dispatch, Fail, FailReason
-from rolloutgate.core.config import GatewayCoreConfig
 from rolloutgate.core.events import (
     ClockMode,
     EnginePaused,
@@ -14,9 +13,9 @@ from rolloutgate.core.events import (
     GateOpened,
     PauseMode,
 )
-from tests.core.helpers import Harness, of
+from tests.core.helpers import Harness, of, reference
 
-WALLCLOCK = GatewayCoreConfig(clock_mode=ClockMode.WALLCLOCK)
+WALLCLOCK = reference(clock_mode=ClockMode.WALLCLOCK)
 
 
 def complete(h: Harness, rid: str) -> Complete:
@@ -102,7 +101,7 @@ def test_other_requests_large_prefill_is_contention_not_charge() -> None:
 
 
 def test_small_prefills_do_not_count_as_contention() -> None:
-    h = Harness(GatewayCoreConfig(contention_min_prefill_tokens=4096))
+    h = Harness(reference(contention_min_prefill_tokens=4096))
     h.engines(e1=4)
     h.arrive("a")
     h.advance(10.0, {"a": 1.0})
@@ -129,7 +128,7 @@ def test_cached_session_prefix_is_not_a_large_prefill() -> None:
 
 def _incident(mode: ClockMode) -> Harness:
     """Request A: 60 s waiting for a slot, 460 s of its own decode, 3 x 30 s of other sessions' 100K prefills."""
-    h = Harness(GatewayCoreConfig(clock_mode=mode))
+    h = Harness(reference(clock_mode=mode))
     h.engines(e1=4)
     t0 = h.now
     fillers = [f"f{i}" for i in range(4)]

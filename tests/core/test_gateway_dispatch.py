@@ -4,9 +4,8 @@ pinned requests, and re-dispatch after refused connections or a departed engine.
 from __future__ import annotations
 
 from rolloutgate.core.commands import Abort, AbortReason, Complete, Dispatch, Fail, FailReason, MarkEngine
-from rolloutgate.core.config import GatewayCoreConfig
 from rolloutgate.core.events import EngineHealthChecked, EngineJoined, EngineLeft, UpstreamFailed
-from tests.core.helpers import Harness, of
+from tests.core.helpers import Harness, of, reference
 
 
 def dispatched(h: Harness) -> list[tuple[str, str]]:
@@ -41,7 +40,7 @@ def test_fifo_within_priority_lower_value_first() -> None:
 
 
 def test_least_outstanding_spreads_and_ties_break_on_prefill_then_order() -> None:
-    h = Harness(GatewayCoreConfig(placement="least_outstanding"))
+    h = Harness(reference(placement="least_outstanding"))
     h.engines(e1=4, e2=4, e3=4)
     h.arrive("a", prompt_tokens=5000)
     h.arrive("b", prompt_tokens=100)
@@ -51,7 +50,7 @@ def test_least_outstanding_spreads_and_ties_break_on_prefill_then_order() -> Non
 
 
 def test_session_affinity_waits_for_its_engine_without_blocking_others() -> None:
-    h = Harness(GatewayCoreConfig(affinity_max_excess=2))
+    h = Harness(reference(affinity_max_excess=2))
     h.engines(e1=2, e2=2)
     h.arrive("s1-t1", routing_key="s1")  # e1
     h.arrive("x")  # e2
@@ -70,7 +69,7 @@ def test_session_affinity_waits_for_its_engine_without_blocking_others() -> None
 
 
 def test_session_moves_when_its_engine_exceeds_the_load_bound() -> None:
-    h = Harness(GatewayCoreConfig(affinity_max_excess=1))
+    h = Harness(reference(affinity_max_excess=1))
     h.engines(e1=2, e2=2)
     h.arrive("s1-t1", routing_key="s1")  # e1
     h.arrive("a")  # e2
@@ -104,7 +103,7 @@ def test_prefill_budget_limits_concurrent_prefill_and_a_huge_prompt_runs_alone()
 
 
 def test_budget_blocked_head_reserves_an_engine_so_it_cannot_starve() -> None:
-    h = Harness(GatewayCoreConfig(affinity_max_excess=100))
+    h = Harness(reference(affinity_max_excess=100))
     h.send(EngineJoined(engine_id="e1", capacity=8, prefill_token_budget=10_000))
     h.arrive("s-t1", routing_key="s", prompt_tokens=9000)
     h.progress("s-t1")
@@ -135,7 +134,7 @@ def test_pinned_request_waits_for_its_engine_only() -> None:
 
 
 def test_refused_connection_is_redispatched_elsewhere_until_attempts_run_out() -> None:
-    h = Harness(GatewayCoreConfig(max_attempts=3))
+    h = Harness(reference(max_attempts=3))
     h.engines(e1=1, e2=1, e3=1, e4=1)
     h.arrive("a")
     for engine in ("e1", "e2", "e3"):
@@ -207,7 +206,7 @@ def test_rejoin_updates_capacity() -> None:
 
 
 def test_waiting_sessions_move_when_their_engine_leaves_or_turns_unhealthy() -> None:
-    h = Harness(GatewayCoreConfig(affinity_max_excess=5))
+    h = Harness(reference(affinity_max_excess=5))
     h.engines(e1=1, e2=1, e3=1)
     h.arrive("s-t1", routing_key="s")  # e1
     h.arrive("u-t1", routing_key="u")  # e2
@@ -231,7 +230,7 @@ def test_waiting_sessions_move_when_their_engine_leaves_or_turns_unhealthy() -> 
 
 
 def test_a_moving_session_waits_when_no_engine_can_take_its_prompt() -> None:
-    h = Harness(GatewayCoreConfig(affinity_max_excess=0))
+    h = Harness(reference(affinity_max_excess=0))
     h.engines(e1=3)
     h.send(EngineJoined(engine_id="e2", capacity=3, prefill_token_budget=1000))
     h.arrive("s-t1", routing_key="s", pinned_engine="e1")  # the session lives on e1

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from rolloutgate.core.commands import Abort, AbortReason, Complete, Dispatch, Fail, FailReason, MarkEngine
-from rolloutgate.core.config import GatewayCoreConfig
 from rolloutgate.core.events import (
     ClockMode,
     EnginePaused,
@@ -15,7 +14,7 @@ from rolloutgate.core.events import (
     PauseMode,
     QueueAborted,
 )
-from tests.core.helpers import Harness, of
+from tests.core.helpers import Harness, of, reference
 
 
 def test_closed_gate_dispatches_nothing_and_open_dispatches_what_fits() -> None:
@@ -123,7 +122,7 @@ def test_engine_joining_while_gate_closed_starts_paused() -> None:
 
 
 def test_gate_works_the_same_in_wallclock_mode() -> None:
-    h = Harness(GatewayCoreConfig(clock_mode=ClockMode.WALLCLOCK))
+    h = Harness(reference(clock_mode=ClockMode.WALLCLOCK))
     h.engines(e1=1)
     h.arrive("a")
     out = h.send(GateClosed(mode=PauseMode.ABORT))

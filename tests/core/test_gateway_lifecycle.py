@@ -7,7 +7,6 @@ import math
 import pytest
 
 from rolloutgate.core.commands import Abort, AbortReason, Complete, Dispatch, Fail, FailReason
-from rolloutgate.core.config import GatewayCoreConfig
 from rolloutgate.core.events import (
     ClientAttached,
     ClientDisconnected,
@@ -21,11 +20,11 @@ from rolloutgate.core.events import (
     UpstreamFailed,
     UpstreamFinished,
 )
-from tests.core.helpers import Harness, of
+from tests.core.helpers import Harness, of, reference
 
 
 def test_no_engine_fails_queued_after_grace_and_new_ones_at_once() -> None:
-    h = Harness(GatewayCoreConfig(no_engine_grace_s=30.0, no_engine_retry_after_s=5.0))
+    h = Harness(reference(no_engine_grace_s=30.0, no_engine_retry_after_s=5.0))
     h.arrive("a")
     h.advance(29.0)
     h.arrive("b")
@@ -42,7 +41,7 @@ def test_no_engine_fails_queued_after_grace_and_new_ones_at_once() -> None:
 
 
 def test_no_engine_grace_restarts_when_the_last_engine_goes_unhealthy() -> None:
-    h = Harness(GatewayCoreConfig(no_engine_grace_s=10.0))
+    h = Harness(reference(no_engine_grace_s=10.0))
     h.engines(e1=1)
     h.arrive("a")
     h.send(
@@ -60,7 +59,7 @@ def test_no_engine_grace_restarts_when_the_last_engine_goes_unhealthy() -> None:
 
 
 def test_requeue_while_failing_fast_fails_at_once() -> None:
-    h = Harness(GatewayCoreConfig(no_engine_grace_s=10.0))
+    h = Harness(reference(no_engine_grace_s=10.0))
     h.engines(e1=2)
     h.arrive("a")
     h.arrive("b")
@@ -75,7 +74,7 @@ def test_requeue_while_failing_fast_fails_at_once() -> None:
 
 
 def test_queue_full() -> None:
-    h = Harness(GatewayCoreConfig(max_queue=2, retry_after_s=2.0))
+    h = Harness(reference(max_queue=2, retry_after_s=2.0))
     h.engines(e1=1)
     h.arrive("running")
     h.arrive("q1")
@@ -130,7 +129,7 @@ def test_timeout_verdict_aborts_on_the_right_engine_with_the_breakdown() -> None
 
 
 def test_retry_grace_forgets_after_expiry_and_attach_cancels() -> None:
-    h = Harness(GatewayCoreConfig(retry_grace_s=10.0))
+    h = Harness(reference(retry_grace_s=10.0))
     h.engines(e1=1)
     h.arrive("a")
     h.arrive("q")
@@ -149,11 +148,11 @@ def test_retry_grace_forgets_after_expiry_and_attach_cancels() -> None:
 
 
 def test_zero_grace_aborts_at_once_and_wallclock_ignores_disconnects() -> None:
-    h = Harness(GatewayCoreConfig(retry_grace_s=0.0))
+    h = Harness(reference(retry_grace_s=0.0))
     h.engines(e1=1)
     h.arrive("a")
     assert of(h.send(ClientDisconnected(request_id="a")), Abort)[0].reason is AbortReason.CLIENT_GONE
-    w = Harness(GatewayCoreConfig(clock_mode=ClockMode.WALLCLOCK, retry_grace_s=0.0))
+    w = Harness(reference(clock_mode=ClockMode.WALLCLOCK, retry_grace_s=0.0))
     w.engines(e1=1)
     w.arrive("a")
     assert w.send(ClientDisconnected(request_id="a")) == []
@@ -193,7 +192,7 @@ def test_duplicate_live_request_id_raises() -> None:
 
 
 def test_no_state_leaks_after_a_busy_run() -> None:
-    h = Harness(GatewayCoreConfig(retry_grace_s=1.0))
+    h = Harness(reference(retry_grace_s=1.0))
     h.engines(e1=2, e2=2)
     for i in range(40):
         h.arrive(

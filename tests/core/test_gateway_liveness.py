@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 
 from rolloutgate.core.commands import Abort, AbortReason, Complete, Dispatch, Fail, FailReason, MarkEngine
-from rolloutgate.core.config import GatewayCoreConfig
 from rolloutgate.core.events import EngineHealthChecked
-from tests.core.helpers import Harness, of
+from tests.core.helpers import Harness, of, reference
 
 
 def test_slow_but_progressing_request_is_never_killed() -> None:
@@ -126,7 +125,7 @@ def test_a_lone_silent_request_is_an_engine_hang_not_stuck() -> None:
 
 
 def test_hung_engine_with_attempts_exhausted_fails_the_request() -> None:
-    h = Harness(GatewayCoreConfig(max_attempts=1))
+    h = Harness(reference(max_attempts=1))
     h.engines(e1=1, e2=1)
     h.arrive("a", stall_timeout_s=10.0)
     out = h.advance(10.0)
@@ -136,7 +135,7 @@ def test_hung_engine_with_attempts_exhausted_fails_the_request() -> None:
 
 
 def test_pool_level_engine_stall_timeout() -> None:
-    h = Harness(GatewayCoreConfig(engine_stall_timeout_s=15.0))
+    h = Harness(reference(engine_stall_timeout_s=15.0))
     h.engines(e1=1)
     h.arrive("a", stall_timeout_s=60.0)
     out = h.advance(15.0)

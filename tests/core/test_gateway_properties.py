@@ -18,7 +18,6 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from rolloutgate.core.commands import Abort, Complete, Dispatch, Fail
-from rolloutgate.core.config import GatewayCoreConfig
 from rolloutgate.core.events import (
     ClientAttached,
     ClientDisconnected,
@@ -38,7 +37,7 @@ from rolloutgate.core.events import (
     UpstreamFinished,
 )
 from rolloutgate.core.timing import TimingBreakdown
-from tests.core.helpers import DeferringHarness, Harness
+from tests.core.helpers import DeferringHarness, Harness, reference
 
 ENGINES = ("e1", "e2", "e3")
 EPS = 1e-6
@@ -103,9 +102,7 @@ arrival_heavy = st.one_of(
 
 class Checker:
     def __init__(self, mode: ClockMode, harness: type[Harness] = Harness, **config: Any) -> None:
-        self.h = harness(
-            GatewayCoreConfig(clock_mode=mode, retry_grace_s=2.0, no_engine_grace_s=20.0, **config)
-        )
+        self.h = harness(reference(clock_mode=mode, retry_grace_s=2.0, no_engine_grace_s=20.0, **config))
         self.mode = mode
         self.arrived: set[str] = set()
         self.ended: Counter[str] = Counter()

@@ -7,16 +7,14 @@ from rolloutgate.core.commands import Dispatch
 from rolloutgate.core.config import GatewayCoreConfig
 from rolloutgate.core.events import EngineJoined
 from rolloutgate.core.ledger import TimerKind
-from tests.core.helpers import Harness
+from tests.core.helpers import Harness, reference
 
 LONG = 100_000  # a session's history: a 30-40 s prefill on the incident's engines
 BUDGET = 8192
 
 
 def prefill_aware(rest: float = 0.0) -> GatewayCoreConfig:
-    return GatewayCoreConfig(
-        placement="prefill_aware", prefill_budget_exempt_tokens=4096, prefill_rest_ratio=rest
-    )
+    return reference(placement="prefill_aware", prefill_budget_exempt_tokens=4096, prefill_rest_ratio=rest)
 
 
 def dispatched(h: Harness) -> list[tuple[str, str]]:

@@ -10,10 +10,9 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from rolloutgate.core.config import GatewayCoreConfig
 from rolloutgate.core.events import ClockMode
 from rolloutgate.core.ledger import TimerKind
-from tests.core.helpers import Harness
+from tests.core.helpers import Harness, reference
 from tests.core.test_gateway_properties import ENGINES, Checker, limits, op
 
 # Fewer request ids and longer prompts than test_gateway_properties.py, so that long prefills run, end and
@@ -37,7 +36,7 @@ prefill_op = st.one_of(_arrive, _arrive, _advance, _advance, _progress, _progres
 class PrefillChecker(Checker):
     def __init__(self, rest_ratio: float) -> None:
         super().__init__(ClockMode.ENGINE)
-        config = GatewayCoreConfig(
+        config = reference(
             retry_grace_s=2.0,
             no_engine_grace_s=20.0,
             placement="prefill_aware",

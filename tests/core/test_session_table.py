@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from rolloutgate.core.commands import Dispatch
-from rolloutgate.core.config import GatewayCoreConfig
 from rolloutgate.core.events import EngineCacheFlushed, EngineJoined
 from rolloutgate.core.session_table import SessionTable
-from tests.core.helpers import Harness
+from tests.core.helpers import Harness, reference
 
 LONG = 100_000
 
@@ -27,9 +26,7 @@ def test_after_a_weight_update_a_sessions_next_turn_is_a_cold_prefill_again() ->
     """A warm next turn (2K new tokens) is exempt from the prefill budget; after the engine's cache was
     flushed the same turn costs its whole history, so it waits behind a long prompt already in prefill."""
     h = Harness(
-        GatewayCoreConfig(
-            placement="prefill_aware", prefill_budget_exempt_tokens=4096, prefill_rest_ratio=0.0
-        )
+        reference(placement="prefill_aware", prefill_budget_exempt_tokens=4096, prefill_rest_ratio=0.0)
     )
     h.send(EngineJoined(engine_id="e1", capacity=16, prefill_token_budget=8192))
     h.arrive("s-t1", routing_key="s", prompt_tokens=LONG)

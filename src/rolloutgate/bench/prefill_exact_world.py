@@ -11,7 +11,7 @@ too (`weight_update`); never its freeze.
 What the edges would do, done here directly (server/driver.py, server/pool.py, server/app.py):
 - engines join with the capacity the probe reports (`max_running_requests`) and the pool's prefill budget
   (`default_prefill_budget` from the chunk size, or none when the setting is 0); the core's settings come from
-  `GatewaySettings` through the server's own `_core_config`, with the replay's timeout and stall timeout;
+  `GatewaySettings` through the server's own `core_config`, with the replay's timeout and stall timeout;
 - `Dispatch` submits the attempt to its engine as `<request id>-<attempt>`; `Abort` aborts it there;
 - every stream event an engine would send (the first token, then every `progress_every_tokens`, then the end)
   becomes `ProgressReported` at the simulated time of that token, the end also `UpstreamFinished`;
@@ -54,7 +54,7 @@ from rolloutgate.core.events import (
     UpstreamFinished,
 )
 from rolloutgate.core.gateway import Gateway
-from rolloutgate.server.app import _core_config
+from rolloutgate.server.app import core_config
 from rolloutgate.server.driver import upstream_id
 from rolloutgate.sim.engine_model import EngineModel
 from rolloutgate.sim.profiles import decode_step_s, make_config
@@ -114,7 +114,7 @@ class ExactWorld:
             stall_timeout=config.stall_timeout_s,
             **MODE_SETTINGS[mode],
         )
-        self.core = Gateway(_core_config(settings))
+        self.core = Gateway(core_config(settings))
         self.limits = RequestLimits(timeout_s=settings.timeout, stall_timeout_s=settings.stall_timeout)
         engine_config = make_config("incident", record_token_times=True)
         self.engine_config = engine_config

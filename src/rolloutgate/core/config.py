@@ -1,7 +1,9 @@
 """The core's settings: one frozen value, validated at construction.
 
 Theory of operation: the edge (rolloutgate.config) resolves flags, files and environment once into a
-`GatewayCoreConfig` and hands it to `Gateway`. Per-request budgets (timeout, stall, queue, wall) travel with each
+`GatewayCoreConfig` and hands it to `Gateway`. The defaults here are the production ones: the edge's settings
+take theirs from this class (rolloutgate/config.py), so `GatewayCoreConfig()` is the gateway `rolloutgate
+serve` runs. Per-request budgets (timeout, stall, queue, wall) travel with each
 request (`RequestLimits` in events.py); everything here is pool-wide.
 
 Rules: durations end in `_s` and are >= 0 (math.inf for none); NaN and negative values raise ValueError.
@@ -11,12 +13,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from rolloutgate.core.events import ClockMode
 
-__all__ = ("PLACEMENTS", "GatewayCoreConfig")
+__all__ = ("PLACEMENTS", "GatewayCoreConfig", "Placement")
 
-PLACEMENTS = ("session_affinity", "least_outstanding", "prefill_aware")
+Placement = Literal["session_affinity", "least_outstanding", "prefill_aware"]
+PLACEMENTS: tuple[Placement, ...] = ("session_affinity", "least_outstanding", "prefill_aware")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,12 +44,13 @@ class GatewayCoreConfig:
     max_prefill_allowance_s: float = 300.0  # cap of that allowance
     # prefills with fewer uncached tokens than this neither wait for nor count against an engine's prefill
     # budget (EngineJoined.prefill_token_budget); 0: every prefill counts (see admission.py)
-    prefill_budget_exempt_tokens: int = 0
+    # (the edge sets it to contention_min_prefill_tokens: the budget governs the prefills that contend)
+    prefill_budget_exempt_tokens: int = 4096
     # after an engine's budgeted prefills end, it takes no new budgeted prefill for this times their duration
     # while requests decode there (their share of the engine between long prefills); 0: no rest
-    prefill_rest_ratio: float = 0.0
+    prefill_rest_ratio: float = 0.5
     # placement
-    placement: str = "session_affinity"  # "least_outstanding", "prefill_aware" (wallclock: least_outstanding)
+    placement: Placement = "prefill_aware"  # "session_affinity", "least_outstanding" (wallclock: least_outstanding)
     affinity_max_excess: int = (
         8  # a session moves when its engine has more than this many in flight above the least loaded
     )

@@ -43,7 +43,7 @@ from rolloutgate.server.metrics import Metrics
 from rolloutgate.server.pool import EnginePool
 from rolloutgate.server.sessions_mount import mount_sessions
 
-__all__ = ("GatewayServer", "build_app")
+__all__ = ("GatewayServer", "build_app", "core_config")
 
 log = logging.getLogger("rolloutgate")
 request_log = logging.getLogger("rolloutgate.requests")
@@ -81,7 +81,8 @@ def _describe(exc_info: Any) -> str:
     return "no details"
 
 
-def _core_config(settings: GatewaySettings) -> GatewayCoreConfig:
+def core_config(settings: GatewaySettings) -> GatewayCoreConfig:
+    """The core's settings from the gateway's (the one way; the defaults are the core's own)."""
     return GatewayCoreConfig(
         clock_mode=ClockMode(settings.clock),
         max_queue=settings.max_queue,
@@ -124,7 +125,7 @@ def build_app(settings: GatewaySettings) -> web.Application:
     clock = GatewayClock(settings.time_scale)
     metrics = Metrics()
     driver = Driver(
-        Gateway(_core_config(settings)),
+        Gateway(core_config(settings)),
         clock,
         metrics,
         abort_upstream=settings.clock == "engine",
