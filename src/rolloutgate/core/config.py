@@ -50,7 +50,9 @@ class GatewayCoreConfig:
     # while requests decode there (their share of the engine between long prefills); 0: no rest
     prefill_rest_ratio: float = 0.5
     # placement
-    placement: Placement = "prefill_aware"  # "session_affinity", "least_outstanding" (wallclock: least_outstanding)
+    placement: Placement = (
+        "prefill_aware"  # "session_affinity", "least_outstanding" (wallclock: least_outstanding)
+    )
     affinity_max_excess: int = (
         8  # a session moves when its engine has more than this many in flight above the least loaded
     )

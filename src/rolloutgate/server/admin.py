@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -88,11 +89,30 @@ def _maintenance(engines: list[EngineHandle]) -> Iterator[None]:
             engine.maintenance -= 1
 
 
-def _gate_state(ctx: GatewayContext) -> dict[str, Any]:
-    gate: dict[str, Any] = ctx.extras.setdefault(
-        "gate", {"open": True, "mode": None, "closed_at": None, "last_update": None}
-    )
-    return gate
+@dataclass(slots=True)
+class GateRecord:
+    """What the edge keeps of the gate beside the core's state (open or the mode it is closed in: the core's,
+    `GatewayStats.gate`, never copied here)."""
+
+    closed_at_unix: float | None = None  # wall time it closed, for the readers of /admin/state
+    held: list[str] = field(default_factory=list)  # engines whose health judging the closure suspended
+    last_update: dict[str, Any] | None = None  # the last /admin/update_weights report
+
+    def closed(self) -> None:
+        if self.closed_at_unix is None:
+            self.closed_at_unix = time.time()
+
+    def opened(self) -> None:
+        self.closed_at_unix = None
+
+
+GATE: web.AppKey[GateRecord] = web.AppKey("rolloutgate_gate", GateRecord)
+
+
+def _gate_mode(ctx: GatewayContext) -> PauseMode | None:
+    """The mode the core's gate is closed in; None while open."""
+    state = ctx.driver.core.stats().gate
+    return None if state == "open" else PauseMode(state)
 
 
 # modes in which the gateway sends the engines nothing: it drains them itself, or the trainer pauses them
@@ -132,15 +152,15 @@ async def pause(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     check_admin(request, ctx.settings)
     mode = _mode(await _body(request, ctx))
-    gate = _gate_state(ctx)
+    gate = request.app[GATE]
     engines = list(ctx.pool.engines.values())
-    if gate["open"]:  # a second pause while closed changes nothing at the engines' health
+    if _gate_mode(ctx) is None:  # a second pause while closed changes nothing at the engines' health
         for engine in engines:
             engine.maintenance += 1
-        gate["held"] = [e.engine_id for e in engines]
+        gate.held = [e.engine_id for e in engines]
     ctx.driver.handle(GateClosed(mode=mode))
     errors = await _pause_engines(engines, mode)
-    gate.update(open=False, mode=mode.value, closed_at=time.time())
+    gate.closed()
     return _json({"status": "paused", "mode": mode.value, "engines": errors})
 
 
@@ -150,17 +170,17 @@ async def resume(request: web.Request) -> web.Response:
     weights_updated = (await _body(request, ctx)).get("weights_updated", False)
     if not isinstance(weights_updated, bool):
         raise BadRequest("weights_updated must be true or false", param="weights_updated")
-    gate = _gate_state(ctx)
-    mode = PauseMode(gate["mode"]) if gate["mode"] else PauseMode.DRAIN
-    await _resume_engines(list(ctx.pool.engines.values()), mode)
+    gate = request.app[GATE]
+    await _resume_engines(list(ctx.pool.engines.values()), _gate_mode(ctx) or PauseMode.DRAIN)
     if weights_updated:  # the trainer updated the engines itself while the gate was closed (e.g. over NCCL)
         for engine_id in ctx.pool.engines:
             ctx.driver.handle(EngineCacheFlushed(engine_id=engine_id))
-    for engine_id in gate.pop("held", []):
+    held, gate.held = gate.held, []
+    for engine_id in held:
         if engine_id in ctx.pool.engines:
             ctx.pool.engines[engine_id].maintenance -= 1
     ctx.driver.handle(GateOpened())
-    gate.update(open=True, mode=None, closed_at=None)
+    gate.opened()
     return _json({"status": "resumed"})
 
 
@@ -168,10 +188,15 @@ async def state(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     check_admin(request, ctx.settings)
     stats = ctx.driver.core.stats()
-    gate = _gate_state(ctx)
+    gate = request.app[GATE]
     return _json(
         {
-            "gate": gate,
+            "gate": {
+                "open": stats.gate == "open",
+                "mode": None if stats.gate == "open" else stats.gate,
+                "closed_at": gate.closed_at_unix,
+                "last_update": gate.last_update,
+            },
             "queue_depth": stats.queue_depth,
             "in_flight": dict(stats.in_flight),
             "engines": [e.describe() for e in ctx.pool.engines.values()],
@@ -239,14 +264,14 @@ async def update_weights(request: web.Request) -> web.Response:
         )
     engines = list(ctx.pool.engines.values())
     started = time.perf_counter()
-    gate = _gate_state(ctx)
+    gate = request.app[GATE]
     if body.get("staggered"):
         results = []
         for engine in engines:
             results.append(await _update_staggered(ctx, engine, path, payload, mode, drain_timeout))
     else:
         ctx.driver.handle(GateClosed(mode=mode))
-        gate.update(open=False, mode=mode.value, closed_at=time.time())
+        gate.closed()
         try:
             with _maintenance(engines):
                 if mode is PauseMode.DRAIN:
@@ -258,7 +283,7 @@ async def update_weights(request: web.Request) -> web.Response:
                 await _resume_engines(engines, mode)
         finally:
             ctx.driver.handle(GateOpened())
-            gate.update(open=True, mode=None, closed_at=None)
+            gate.opened()
     report = {
         "ok": all(r["ok"] for r in results),
         "mode": mode.value,
@@ -266,7 +291,7 @@ async def update_weights(request: web.Request) -> web.Response:
         "seconds": round(time.perf_counter() - started, 4),
         "engines": results,
     }
-    gate["last_update"] = report
+    gate.last_update = report
     return _json(report, status=200 if report["ok"] else 502)
 
 
@@ -292,6 +317,7 @@ async def _update_staggered(
 
 
 def add_routes(app: web.Application) -> None:
+    app[GATE] = GateRecord()
     app.router.add_post("/admin/pause", guarded(pause))
     app.router.add_post("/admin/resume", guarded(resume))
     app.router.add_get("/admin/state", guarded(state))
