@@ -69,7 +69,9 @@ class FakeSGLang:
 def start_loop(engine: FakeSGLang) -> tuple[list[tuple[float, Event]], asyncio.Task[None]]:
     events: list[tuple[float, Event]] = []
     loop = asyncio.get_running_loop()
-    pool = EnginePool(GatewaySettings(), lambda e: events.append((loop.time(), e)), lambda s: s)
+    pool = EnginePool(
+        GatewaySettings(), lambda e: events.append((loop.time(), e)), lambda s: s, lambda _engine: "healthy"
+    )
     info = EngineInfo(family=EngineFamily.SGLANG)
     handle = EngineHandle(engine_id="engine-0", url=engine.url, client=engine, info=info, capacity=8)  # type: ignore[arg-type]
     return events, loop.create_task(pool._health_loop(handle))

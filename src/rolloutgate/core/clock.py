@@ -2,7 +2,7 @@
 
 Theory of operation: the core never reads time. Every method that depends on time takes `now: float`,
 seconds on some monotonic clock chosen by the caller. Tests drive the core with `ManualClock`; the server and
-the simulator use `rolloutgate.runtime_clock.MonotonicClock`. Absolute times end in `_at`, durations in `_s`,
+the simulator use `rolloutgate.runtime_clock.LoopClock` (the event loop's time). Absolute times end in `_at`, durations in `_s`,
 and `math.inf` means "never".
 """
 

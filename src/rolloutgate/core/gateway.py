@@ -180,6 +180,11 @@ class Gateway(GatewayLedger):
         """Where the session's prefix is believed to live: (engine id, cached prompt tokens), or None."""
         return self._sessions.get(routing_key)
 
+    def engine_state(self, engine_id: str) -> str | None:
+        """The engine's state (an EngineState value), or None if the core does not know the engine."""
+        engine = self._engines.get(engine_id)
+        return None if engine is None else engine.state.value
+
     def stats(self) -> GatewayStats:
         waiting: dict[str, int] = {}
         for lane in self._queue.engine_lanes():
@@ -201,6 +206,7 @@ class Gateway(GatewayLedger):
         return GatewayStats(
             clock_mode=self._config.clock_mode.value,
             gate="open" if self._gate.mode is None else self._gate.mode.value,
+            gate_closed_at=self._gate.closed_at,
             queue_depth=len(self._queue),
             in_flight={e.engine_id: e.in_flight for e in self._engines.values()},
             engine_states={e.engine_id: e.state.value for e in self._engines.values()},

@@ -30,6 +30,7 @@ class EngineStats:
 class GatewayStats:
     clock_mode: str
     gate: str  # "open" or the PauseMode value it is closed in
+    gate_closed_at: float  # when it closed (math.inf while open)
     queue_depth: int  # requests waiting in the gateway (all lanes)
     in_flight: Mapping[str, int]  # engine id -> requests dispatched there
     engine_states: Mapping[str, str]  # engine id -> EngineState value

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,16 +93,8 @@ class GateRecord:
     """What the edge keeps of the gate beside the core's state (open or the mode it is closed in: the core's,
     `GatewayStats.gate`, never copied here)."""
 
-    closed_at_unix: float | None = None  # wall time it closed, for the readers of /admin/state
     held: list[str] = field(default_factory=list)  # engines whose health judging the closure suspended
     last_update: dict[str, Any] | None = None  # the last /admin/update_weights report
-
-    def closed(self) -> None:
-        if self.closed_at_unix is None:
-            self.closed_at_unix = time.time()
-
-    def opened(self) -> None:
-        self.closed_at_unix = None
 
 
 GATE: web.AppKey[GateRecord] = web.AppKey("rolloutgate_gate", GateRecord)
@@ -160,7 +151,6 @@ async def pause(request: web.Request) -> web.Response:
         gate.held = [e.engine_id for e in engines]
     ctx.driver.handle(GateClosed(mode=mode))
     errors = await _pause_engines(engines, mode)
-    gate.closed()
     return _json({"status": "paused", "mode": mode.value, "engines": errors})
 
 
@@ -180,7 +170,6 @@ async def resume(request: web.Request) -> web.Response:
         if engine_id in ctx.pool.engines:
             ctx.pool.engines[engine_id].maintenance -= 1
     ctx.driver.handle(GateOpened())
-    gate.opened()
     return _json({"status": "resumed"})
 
 
@@ -188,18 +177,19 @@ async def state(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     check_admin(request, ctx.settings)
     stats = ctx.driver.core.stats()
+    now = ctx.driver.clock.now()
     gate = request.app[GATE]
     return _json(
         {
             "gate": {
                 "open": stats.gate == "open",
                 "mode": None if stats.gate == "open" else stats.gate,
-                "closed_at": gate.closed_at_unix,
+                "closed_for_s": None if stats.gate == "open" else round(now - stats.gate_closed_at, 3),
                 "last_update": gate.last_update,
             },
             "queue_depth": stats.queue_depth,
             "in_flight": dict(stats.in_flight),
-            "engines": [e.describe() for e in ctx.pool.engines.values()],
+            "engines": [ctx.pool.describe(e) for e in ctx.pool.engines.values()],
         }
     )
 
@@ -207,7 +197,7 @@ async def state(request: web.Request) -> web.Response:
 async def _update_one(
     ctx: GatewayContext, engine: EngineHandle, path: str, body: dict[str, Any]
 ) -> dict[str, Any]:
-    started = time.perf_counter()
+    started = ctx.driver.clock.now()
     try:
         answer = await engine.client.update_weights(path, body)
         ok = bool(answer.get("success", True)) if isinstance(answer, dict) else True
@@ -227,7 +217,7 @@ async def _update_one(
         "url": engine.url,
         "ok": ok,
         "error": error,
-        "seconds": round(time.perf_counter() - started, 4),
+        "seconds": round(ctx.driver.clock.now() - started, 4),
         "weight_version": engine.info.weight_version,
         "response": answer,
     }
@@ -263,7 +253,7 @@ async def update_weights(request: web.Request) -> web.Response:
             "'drain_timeout' must be a number of seconds >= 0", param="drain_timeout", code="invalid_value"
         )
     engines = list(ctx.pool.engines.values())
-    started = time.perf_counter()
+    started = ctx.driver.clock.now()
     gate = request.app[GATE]
     if body.get("staggered"):
         results = []
@@ -271,7 +261,6 @@ async def update_weights(request: web.Request) -> web.Response:
             results.append(await _update_staggered(ctx, engine, path, payload, mode, drain_timeout))
     else:
         ctx.driver.handle(GateClosed(mode=mode))
-        gate.closed()
         try:
             with _maintenance(engines):
                 if mode is PauseMode.DRAIN:
@@ -283,12 +272,11 @@ async def update_weights(request: web.Request) -> web.Response:
                 await _resume_engines(engines, mode)
         finally:
             ctx.driver.handle(GateOpened())
-            gate.opened()
     report = {
         "ok": all(r["ok"] for r in results),
         "mode": mode.value,
         "staggered": bool(body.get("staggered")),
-        "seconds": round(time.perf_counter() - started, 4),
+        "seconds": round(ctx.driver.clock.now() - started, 4),
         "engines": results,
     }
     gate.last_update = report

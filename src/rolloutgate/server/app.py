@@ -34,10 +34,11 @@ from rolloutgate.core.events import ClockMode
 from rolloutgate.core.gateway import Gateway, GatewayCoreConfig
 from rolloutgate.engines.base import UpstreamError
 from rolloutgate.errors import GatewayError, Unavailable
+from rolloutgate.runtime_clock import LoopClock
 from rolloutgate.server import admin, engine_metrics, fan_out, front, workers
 from rolloutgate.server.attach import Attachments
 from rolloutgate.server.context import CONTEXT, GatewayContext
-from rolloutgate.server.driver import Driver, GatewayClock
+from rolloutgate.server.driver import Driver
 from rolloutgate.server.exchange import Exchange, Finished
 from rolloutgate.server.metrics import Metrics
 from rolloutgate.server.pool import EnginePool
@@ -122,7 +123,7 @@ def engine_poll_interval(settings: GatewaySettings) -> float:
 def build_app(settings: GatewaySettings) -> web.Application:
     # No middleware: every route is registered behind server/guard.py instead (aiohttp adds frames per middleware).
     app = web.Application(client_max_size=settings.max_body_bytes)
-    clock = GatewayClock(settings.time_scale)
+    clock = LoopClock(settings.time_scale)
     metrics = Metrics()
     driver = Driver(
         Gateway(core_config(settings)),
@@ -132,7 +133,7 @@ def build_app(settings: GatewaySettings) -> web.Application:
         engine_poll_s=clock.real_seconds(engine_poll_interval(settings)),
     )
     driver.on_end.append(_log_request)
-    pool = EnginePool(settings, driver.handle, clock.real_seconds)
+    pool = EnginePool(settings, driver.handle, clock.real_seconds, driver.core.engine_state)
     driver.pool = pool
     attachments = Attachments(ttl_s=settings.result_ttl, max_entries=settings.result_cache_entries)
     driver.on_end.append(lambda exchange, item: attachments.ended(exchange, item, clock.now()))
@@ -221,7 +222,7 @@ def _state(ctx: GatewayContext) -> dict[str, Any]:
     return {
         "queue_depth": stats.queue_depth,
         "in_flight": dict(stats.in_flight),
-        "engine_states": {e.engine_id: e.state for e in ctx.pool.engines.values()},
+        "engine_states": dict(stats.engine_states),
     }
 
 

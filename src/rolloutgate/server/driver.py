@@ -12,7 +12,7 @@ Commands:
   call whose answer comes whole (its client does not stream) is watched at engine level (engine_watch.py).
 - Abort: close the upstream connection and call the engine's abort API with the attempt's upstream id.
 - Complete / Fail: put the terminal item into the exchange's outbox (the handler writes it).
-- MarkEngine: log and remember the engine's state.
+- MarkEngine: log the engine's new state (the core keeps it).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -50,13 +49,14 @@ from rolloutgate.engines.assemble import ResponseAssembler
 from rolloutgate.engines.base import Route, UpstreamCall, UpstreamError, UpstreamEvent
 from rolloutgate.engines.sglang import aborted_in_queue
 from rolloutgate.errors import GatewayError, UpstreamFailure, from_fail_reason
+from rolloutgate.runtime_clock import LoopClock
 from rolloutgate.server.continuation import CannotContinue, continuation_body
 from rolloutgate.server.engine_watch import EngineWatcher
 from rolloutgate.server.exchange import Exchange, Finished
 from rolloutgate.server.metrics import Metrics
 from rolloutgate.server.pool import EnginePool
 
-__all__ = ("Driver", "GatewayClock", "upstream_id")
+__all__ = ("Driver", "upstream_id")
 
 log = logging.getLogger("rolloutgate.driver")
 
@@ -94,31 +94,11 @@ def _remaining_engine_s(exchange: Exchange, core: Gateway, now: float) -> float:
     return max(0, limit - timing.tokens) * timing.charged_s / timing.tokens
 
 
-class GatewayClock:
-    """Gateway seconds: monotonic real time times `scale` (1 in production)."""
-
-    __slots__ = ("_offset", "_scale")
-
-    def __init__(self, scale: float = 1.0) -> None:
-        self._scale = scale
-        self._offset = time.monotonic()
-
-    @property
-    def scale(self) -> float:
-        return self._scale
-
-    def now(self) -> float:
-        return (time.monotonic() - self._offset) * self._scale + 1e4
-
-    def real_seconds(self, gateway_s: float) -> float:
-        return gateway_s / self._scale
-
-
 class Driver:
     def __init__(
         self,
         core: Gateway,
-        clock: GatewayClock,
+        clock: LoopClock,
         metrics: Metrics,
         abort_upstream: bool = True,
         engine_poll_s: float = 3.0,
@@ -381,10 +361,6 @@ class Driver:
             self._spawn(engine.client.abort(upstream_id(command.request_id, attempt, exchange.client_rid)))
 
     def _mark_engine(self, command: MarkEngine) -> None:
-        assert self.pool is not None
-        engine = self.pool.engines.get(command.engine_id)
-        if engine is not None:
-            engine.state = command.state
         if command.state == "quarantined":
             self.metrics.quarantines.labels(engine=command.engine_id).inc()
         log.warning(

@@ -39,10 +39,10 @@ __all__ = (
     "ROUTING_KEY_HEADERS",
     "add_proxy_route",
     "add_routes",
-    "limits_for",
     "proxy_path",
     "run_exchange",
     "serve_inference",
+    "submit",
 )
 
 ROUTING_KEY_HEADERS = ("X-SMG-Routing-Key", "X-Session-Id")
@@ -133,8 +133,14 @@ async def run_exchange(
         if len(exchange.subscribers) == 1:
             driver.client_attached(exchange)
     else:
-        exchange, outbox = _submit(
-            ctx, request, route, body, streams, routing_key, pinned_engine, prompt_tokens
+        exchange, outbox = submit(
+            ctx,
+            route,
+            body,
+            request.headers,
+            routing_key=routing_key,
+            pinned_engine=pinned_engine,
+            prompt_tokens=prompt_tokens,
         )
         if key and not found:
             ctx.attachments.register(key, exchange, driver.clock.now())
@@ -164,17 +170,20 @@ async def run_exchange(
     return response
 
 
-def _submit(
+def submit(
     ctx: GatewayContext,
-    request: web.Request,
     route: Route,
     body: dict[str, Any],
-    streams: bool,
+    headers: Mapping[str, str],
+    *,
     routing_key: str | None,
-    pinned_engine: str | None,
-    prompt_tokens: int | None,
+    pinned_engine: str | None = None,
+    prompt_tokens: int | None = None,
 ) -> tuple[Exchange, Outbox]:
-    limits, priority = limits_for(ctx, request.headers)
+    """The one way a call enters the gateway's queue (the front's and the session API's): a new exchange
+    under a new request id, its arrival told to the core, and the first subscriber's outbox."""
+    limits, priority = limits_for(ctx, headers)
+    streams = bool(body.get("stream"))
     stream_options = body.get("stream_options")
     exchange = Exchange(
         request_id=_new_request_id(),
@@ -328,8 +337,7 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def health(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
-    engines = ctx.pool.engines.values()
-    healthy = sum(1 for e in engines if e.healthy and e.state == "healthy")
+    healthy = len(ctx.pool.healthy())
     return web.json_response(
         {
             "status": "ok",
@@ -343,7 +351,7 @@ async def health(request: web.Request) -> web.Response:
 
 async def ready(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
-    healthy = sum(1 for e in ctx.pool.engines.values() if e.healthy and e.state == "healthy")
+    healthy = len(ctx.pool.healthy())
     if not healthy:
         raise Unavailable("no healthy engine yet", retry_after_s=5)
     return web.json_response({"status": "ready", "healthy_engines": healthy}, dumps=_dumps)
@@ -376,7 +384,7 @@ async def proxy_path(ctx: GatewayContext, request: web.Request, path_qs: str) ->
     """
     if not is_open_engine_path(path_qs.partition("?")[0]):
         check_admin(request, ctx.settings)
-    candidates = [e for e in ctx.pool.engines.values() if e.healthy and e.state == "healthy"]
+    candidates = ctx.pool.healthy()
     if not candidates:
         raise Unavailable("no healthy engine to proxy to", retry_after_s=5)
     in_flight = ctx.driver.core.stats().in_flight

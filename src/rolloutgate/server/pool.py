@@ -29,6 +29,7 @@ import aiohttp
 
 from rolloutgate.config import EngineSpec, GatewaySettings
 from rolloutgate.core.admission import default_prefill_budget
+from rolloutgate.core.engine_state import EngineState
 from rolloutgate.core.events import (
     EngineCacheFlushed,
     EngineHealthChecked,
@@ -45,6 +46,7 @@ __all__ = ("EngineHandle", "EnginePool")
 
 log = logging.getLogger("rolloutgate.pool")
 
+HEALTHY = EngineState.HEALTHY.value
 PAUSED_POLL_S = 1.0  # gateway seconds between readiness reads of an engine paused by someone else
 
 
@@ -55,8 +57,6 @@ class EngineHandle:
     client: EngineClient
     info: EngineInfo
     capacity: int
-    healthy: bool = True
-    state: str = "healthy"  # last MarkEngine state from the core
     health_task: asyncio.Task[None] | None = None
     consecutive_failures: int = 0
     maintenance: int = 0  # > 0 while the admin API pauses or updates it: health checks are not judged
@@ -65,14 +65,15 @@ class EngineHandle:
     def is_in_maintenance(self) -> bool:
         return self.maintenance > 0
 
-    def describe(self) -> dict[str, object]:
+    def describe(self, state: str | None) -> dict[str, object]:
+        """The engine as the admin API shows it, with its state in the core (an EngineState value)."""
         return {
             "id": self.engine_id,
             "url": self.url,
             "family": self.info.family.value,
             "capacity": self.capacity,
-            "healthy": self.healthy,
-            "state": self.state,
+            "healthy": state == HEALTHY,
+            "state": state,
             "paused_by_engine": self.paused_by_engine,
             "models": list(self.info.models),
             "weight_version": self.info.weight_version,
@@ -84,6 +85,7 @@ class EnginePool:
     settings: GatewaySettings
     emit: Callable[[Event], None]  # the driver's event intake
     real_seconds: Callable[[float], float]  # gateway seconds -> real seconds (time scale)
+    engine_state: Callable[[str], str | None]  # the core's state of an engine: the one source of it
     session: aiohttp.ClientSession = field(init=False)  # set when the app starts
     engines: dict[str, EngineHandle] = field(default_factory=dict)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
@@ -130,6 +132,13 @@ class EnginePool:
             handle.health_task.cancel()
         self.emit(EngineLeft(engine_id=engine_id))
         return handle
+
+    def healthy(self) -> list[EngineHandle]:
+        """The engines the core holds healthy."""
+        return [h for h in self.engines.values() if self.engine_state(h.engine_id) == HEALTHY]
+
+    def describe(self, handle: EngineHandle) -> dict[str, object]:
+        return handle.describe(self.engine_state(handle.engine_id))
 
     def by_url(self, url: str) -> EngineHandle | None:
         url = url.rstrip("/")
@@ -217,11 +226,9 @@ class EnginePool:
     def _record_health(self, handle: EngineHandle, ok: bool) -> None:
         if ok:
             handle.consecutive_failures = 0
-            if not handle.healthy or handle.state != "healthy":
-                handle.healthy = True
+            if self.engine_state(handle.engine_id) != HEALTHY:  # unhealthy, or quarantined: it recovers
                 self.emit(EngineHealthChecked(engine_id=handle.engine_id, healthy=True))
             return
         handle.consecutive_failures += 1
-        if handle.healthy and handle.consecutive_failures >= self.settings.health_failures:
-            handle.healthy = False
+        if handle.consecutive_failures == self.settings.health_failures:  # once per run of failures
             self.emit(EngineHealthChecked(engine_id=handle.engine_id, healthy=False))

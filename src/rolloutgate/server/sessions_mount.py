@@ -8,19 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 
 from aiohttp import web
 
-from rolloutgate.core.events import RequestArrived
 from rolloutgate.errors import GatewayError, NotFound
 from rolloutgate.server.auth import check_api_key
 from rolloutgate.server.context import CONTEXT, GatewayContext
-from rolloutgate.server.exchange import Exchange, Finished
-from rolloutgate.server.front import ROUTES, limits_for, proxy_path, serve_inference
+from rolloutgate.server.exchange import Finished
+from rolloutgate.server.front import ROUTES, proxy_path, serve_inference, submit
 from rolloutgate.server.guard import guarded
 from rolloutgate.server.respond import keepalive_for
-from rolloutgate.server.validate import estimate_prompt_tokens
 from rolloutgate.sessions.http import add_session_routes
 from rolloutgate.sessions.registry import SessionLimits, SessionRegistry
 from rolloutgate.sessions.render import ChatRenderer
@@ -41,25 +38,8 @@ class GatewayDispatcher:
         route = ROUTES.get(call.path)
         if route is None or call.body is None:
             raise NotFound(f"sessions cannot run {call.method} {call.path} through the gateway queue")
-        body = {**call.body, "stream": False}
-        limits, priority = limits_for(ctx, call.headers)
-        exchange = Exchange(
-            request_id=uuid.uuid4().hex,
-            route=route,
-            body=body,
-            client_streams=False,
-            forward_headers={"X-SMG-Routing-Key": call.routing_key},
-        )
-        outbox = exchange.subscribe()
-        ctx.driver.submit(
-            exchange,
-            RequestArrived(
-                request_id=exchange.request_id,
-                limits=limits,
-                routing_key=call.routing_key,
-                priority=priority,
-                prompt_tokens=estimate_prompt_tokens(route, body),
-            ),
+        exchange, outbox = submit(
+            ctx, route, {**call.body, "stream": False}, call.headers, routing_key=call.routing_key
         )
         try:
             item = await outbox.get()

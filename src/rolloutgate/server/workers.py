@@ -37,7 +37,7 @@ async def _add(request: web.Request, spec_fields: dict[str, Any]) -> web.Respons
         raise UpstreamFailure(
             f"cannot reach worker {spec.url}: {exc.message}", code="worker_unreachable"
         ) from None
-    return _json(handle.describe(), status=201)
+    return _json(ctx.pool.describe(handle), status=201)
 
 
 async def add_worker(request: web.Request) -> web.Response:
@@ -63,7 +63,7 @@ def _refuse_disaggregated(worker_type: object) -> None:
 async def list_workers_api(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     check_worker_admin(request, ctx.settings)
-    return _json({"workers": [e.describe() for e in ctx.pool.engines.values()]})
+    return _json({"workers": [ctx.pool.describe(e) for e in ctx.pool.engines.values()]})
 
 
 async def delete_worker(request: web.Request) -> web.Response:
@@ -74,7 +74,7 @@ async def delete_worker(request: web.Request) -> web.Response:
     if handle is None:
         raise NotFound(f"no worker {worker_id!r}", code="worker_not_found")
     ctx.pool.remove(handle.engine_id)
-    return _json({"removed": handle.describe()})
+    return _json({"removed": ctx.pool.describe(handle)})
 
 
 async def miles_add_worker(request: web.Request) -> web.Response:
@@ -99,7 +99,7 @@ async def miles_remove_worker(request: web.Request) -> web.Response:
     if handle is None:
         raise NotFound(f"no worker at {url!r}", code="worker_not_found")
     ctx.pool.remove(handle.engine_id)
-    return _json({"removed": handle.describe()})
+    return _json({"removed": ctx.pool.describe(handle)})
 
 
 async def miles_list_workers(request: web.Request) -> web.Response:

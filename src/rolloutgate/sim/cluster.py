@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rolloutgate.runtime_clock import ScaledClock
+from rolloutgate.runtime_clock import LoopClock
 from rolloutgate.sim.engine import SimEngine
 from rolloutgate.sim.faults import Fault
 from rolloutgate.sim.http_admin import build_admin_app
@@ -54,7 +54,7 @@ class SimCluster:
         self.base_port = base_port
         self.seed = seed
         self.admin_port = admin_port
-        self.clock = ScaledClock(self.time_scale)
+        self.clock = LoopClock(self.time_scale, start_at=0.0)
         self._count = engines
         self._faults = list(faults)
         self.engines: list[SimEngine] = []
@@ -66,7 +66,7 @@ class SimCluster:
         return [engine.url for engine in self.engines]
 
     async def start(self) -> None:
-        self.clock = ScaledClock(self.time_scale)  # simulated time 0 = start-up
+        self.clock = LoopClock(self.time_scale, start_at=0.0)  # simulated time 0 = start-up
         for index in range(self._count):
             engine = SimEngine(
                 index=index,

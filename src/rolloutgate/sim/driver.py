@@ -1,4 +1,4 @@
-"""Runs an `EngineModel` against the real clock, `time_scale` times faster than real time.
+"""Runs an `EngineModel` against the event loop's clock, `time_scale` times faster than its seconds.
 
 Theory of operation: the driver owns one timer. It fires when the model's next step is due (mapped from
 simulated to real time), never more often than every `MIN_WAKE_REAL_S`, and never while the model has
@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections.abc import Callable
 
-from rolloutgate.runtime_clock import ScaledClock
+from rolloutgate.runtime_clock import LoopClock
 from rolloutgate.sim.engine_model import EngineModel
 
 __all__ = ("SimDriver",)
@@ -27,14 +26,14 @@ class SimDriver:
     __slots__ = ("_after_wake", "_last_wake", "_loop", "_poked", "_timer", "_timer_at", "clock", "model")
 
     def __init__(
-        self, model: EngineModel, clock: ScaledClock, *, after_wake: Callable[[], None] | None = None
+        self, model: EngineModel, clock: LoopClock, *, after_wake: Callable[[], None] | None = None
     ) -> None:
         self.model = model
         self.clock = clock
         self._after_wake = after_wake
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = math.inf  # time.monotonic() the timer fires at
+        self._timer_at = math.inf  # loop time the timer fires at
         self._poked = False
         self._last_wake = -math.inf
 
@@ -61,7 +60,7 @@ class SimDriver:
 
     def _wake(self) -> None:
         self._poked = False
-        self._last_wake = time.monotonic()
+        self._last_wake = self._loop.time()
         for req in self.model.advance(self.clock.now()):
             listener = req.listener
             if listener is not None:
@@ -75,7 +74,7 @@ class SimDriver:
         if math.isinf(due):
             self.close()
             return
-        now_real = time.monotonic()
+        now_real = self._loop.time()
         fire_at = now_real + max(0.0, self.clock.real_seconds(due - self.clock.now()))
         fire_at = max(fire_at, self._last_wake + MIN_WAKE_REAL_S)
         if self._timer is not None:

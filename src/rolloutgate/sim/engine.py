@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rolloutgate.runtime_clock import ScaledClock
+from rolloutgate.runtime_clock import LoopClock
 from rolloutgate.sim.driver import SimDriver
 from rolloutgate.sim.engine_model import EngineModel
 from rolloutgate.sim.faults import Fault
@@ -34,7 +34,7 @@ class SimEngine:
         index: int,
         api: str,
         config: SimEngineConfig,
-        clock: ScaledClock,
+        clock: LoopClock,
         seed: int = 0,
         host: str = "127.0.0.1",
         port: int = 0,

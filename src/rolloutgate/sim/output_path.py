@@ -33,7 +33,7 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rolloutgate.runtime_clock import ScaledClock
+    from rolloutgate.runtime_clock import LoopClock
     from rolloutgate.sim.profiles import SimEngineConfig
     from rolloutgate.sim.request import SimRequest
 
@@ -104,7 +104,7 @@ class OutputQueue:
 
     __slots__ = ("_pending", "_scheduled", "clock", "path")
 
-    def __init__(self, path: OutputPath, clock: ScaledClock) -> None:
+    def __init__(self, path: OutputPath, clock: LoopClock) -> None:
         self.path = path
         self.clock = clock
         self._pending: list[tuple[list[tuple[float, int]], asyncio.Future[list[Slot]]]] = []
