@@ -8,20 +8,47 @@
 #                                     tokens, non-streaming) direct, through rolloutgate and the SGLang Model
 #                                     Gateway, one run (~9 min); out/bench/rl-shape-*.json and a table
 #   make bench-rl BENCH_RL_ARGS='--quick'       the same in seconds (the harness's smoke test)
-# The SGLang Model Gateway is installed by the bench into its own venv (.venv-bench-router, once); wrk with
-# apt-get when missing (a Python load generator otherwise); py-spy comes with the `bench` extra.
-BENCH_STAMP := $(VENV)/.installed-bench
-BENCH_ARGS  ?=
+#   make bench-tools                  what they drive, installed here (never by the package):
+#     - wrk, with apt-get where it is missing and can be (root, Debian-like); where it cannot, the benchmarks'
+#       Python load generator stands in (bench/perf/load.py) and the report says which ran;
+#     - the SGLang Model Gateway in its own venv ($(ROUTER_VENV), once); where it cannot be installed (no
+#       network, no wheel) the benchmarks leave its rows out.
+# py-spy comes with the `bench` extra.
+BENCH_STAMP   := $(VENV)/.installed-bench
+BENCH_ARGS    ?=
 BENCH_RL_ARGS ?=
+ROUTER_VENV   := .venv-bench-router
+ROUTER_STAMP  := $(ROUTER_VENV)/.installed-sglang-router
 
-.PHONY: bench bench-rl
+.PHONY: bench bench-rl bench-tools wrk
 
 $(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test,native,bench]'
 	touch $@
 
-bench: $(READY) $(BENCH_STAMP)
+# Never fails: without wrk the benchmarks run their own load generator.
+wrk:
+	@command -v wrk >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing wrk with apt-get ..."; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q wrk >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q wrk >/dev/null 2>&1; }; \
+	  fi; \
+	  command -v wrk >/dev/null 2>&1 || echo "wrk could not be installed: the Python load generator stands in"; }
+
+# The stamp only once the router imports; a failed install is tried again next time, and does not fail make.
+$(ROUTER_STAMP):
+	@{ test -x $(ROUTER_VENV)/bin/python || $(PYTHON) -m venv $(ROUTER_VENV); } && \
+	  echo "installing sglang-router into $(ROUTER_VENV) (once) ..." && \
+	  $(ROUTER_VENV)/bin/python -m pip install -q sglang-router && \
+	  $(ROUTER_VENV)/bin/python -c 'import sglang_router' && touch $@ || \
+	  echo "sglang-router could not be installed: the benchmarks leave the SGLang Model Gateway out"
+
+bench-tools: wrk $(ROUTER_STAMP)
+
+bench: $(READY) $(BENCH_STAMP) bench-tools
 	$(BIN)/python -m rolloutgate bench $(BENCH_ARGS)
 
-bench-rl: $(READY) $(BENCH_STAMP)
+bench-rl: $(READY) $(BENCH_STAMP) bench-tools
 	$(BIN)/python -m rolloutgate bench --only rl-shape $(BENCH_RL_ARGS)

@@ -7,8 +7,8 @@
 #   scripts/ab_gateway.sh HEAD~3 stream 1 4 4
 #
 # Pinning as in `make bench`: each gateway alone on CPU 0, the engine (the simulator's `fast` profile) and
-# wrk on CPU 1. Each side runs its compiled modules (core/_native.py): the base is built in its worktree, the
-# working tree is as `make native` left it. Needs wrk, taskset and gcc; the project's .venv (make test).
+# wrk on CPU 1. Each side runs its compiled modules: the base is built in its worktree (setup.py build_ext
+# --inplace; scripts/build_native.py before 2026-12-02), the working tree is as `make native` left it. Needs wrk, taskset and gcc; the project's .venv (make test).
 # Servers bind to 127.0.0.1.
 set -euo pipefail
 
@@ -23,8 +23,10 @@ work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; git -C "$root" worktree remove --force "$work/base" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 
 git -C "$root" worktree add --detach -q "$work/base" "$base"
-# Both sides run compiled where their code has a native build (core/_native.py): the base gets its own.
-if [ -f "$work/base/scripts/build_native.py" ]; then
+# Both sides run compiled: the base gets its own build, by the means its code has.
+if [ -f "$work/base/setup.py" ]; then
+	(cd "$work/base" && "$python" setup.py -q build_ext --inplace >/dev/null)
+elif [ -f "$work/base/scripts/build_native.py" ]; then
 	"$python" "$work/base/scripts/build_native.py" >/dev/null
 fi
 

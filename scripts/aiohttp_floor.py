@@ -4,7 +4,7 @@
 
 The server reads and parses the request body (orjson) and answers a 16-token `/generate`-shaped body: what any
 aiohttp gateway pays per request before doing anything of its own. Pinned like `make bench` (server on CPU 0,
-wrk on CPU 1); prints req/s and the server's CPU per request. Needs wrk and taskset.
+wrk on CPU 1); prints req/s and the server's CPU per request. Needs wrk (`make bench-tools`) and taskset.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@
 # difference of their totals over 2,000 is the count per request (start-up and shutdown cancel out). Two runs
 # of the same code agree within ~0.5% on a quiet machine, but were up to ~5% apart in a busier hour (the
 # requests batched per loop iteration vary): take several, in turns (docs/benchmarks.md, sixth session).
-# The compiled modules are used where built and fresh (core/_native.py): a commit's worktree gets its own
-# `scripts/build_native.py` build when it has one (~30 s more). ~40 s. Needs valgrind, gcc and the project's
+# The compiled modules run where built: a commit's worktree gets its own build (setup.py build_ext --inplace,
+# or scripts/build_native.py before 2026-12-02; ~60 s more). ~40 s. Needs valgrind, gcc and the project's
 # .venv (make test).
 set -euo pipefail
 
@@ -28,7 +28,9 @@ if [ -d "$target" ]; then
 	tree=$(cd "$target" && pwd)
 else
 	git -C "$root" worktree add --detach -q "$work/tree" "$target"
-	if [ -f "$work/tree/scripts/build_native.py" ]; then
+	if [ -f "$work/tree/setup.py" ]; then
+		(cd "$work/tree" && "$python" setup.py -q build_ext --inplace >/dev/null)
+	elif [ -f "$work/tree/scripts/build_native.py" ]; then
 		"$python" "$work/tree/scripts/build_native.py" >/dev/null
 	fi
 	tree=$work/tree

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("rolloutgate.server.cli", "run the gateway"),
     "sim": ("rolloutgate.sim.cli", "run simulated SGLang or vLLM engines"),
-    "replay": ("rolloutgate.bench.replay_cli", "replay the incident side by side (engine time vs wallclock)"),
-    "bench": ("rolloutgate.bench.cli", "gateway performance benchmarks"),
+    "replay": ("rolloutgate.bench.replay.cli", "replay the incident side by side (engine time vs wallclock)"),
+    "bench": ("rolloutgate.bench.perf.cli", "gateway performance benchmarks"),
 }
 
 

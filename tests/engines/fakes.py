@@ -16,6 +16,8 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
+from tests.sim.helpers import wait_until
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -104,11 +106,13 @@ async def sse_reply(
     gap_s: float = 0.0,
     reset_after: int | None = None,
     comments: bool = False,
-    hold_s: float = 0.0,
+    hold: bool = False,
 ) -> web.StreamResponse:
     """Stream `events` as SSE. `pieces`: split the whole body into that many TCP writes (splitting events
-    and line ends anywhere); `reset_after`: drop the connection after that many events; `hold_s`: wait
-    after the last event (before `[DONE]`), so a client can leave mid-stream."""
+    and line ends anywhere), `gap_s` seconds of the loop's time apart (a test that sets it runs on a
+    fake-time loop); `reset_after`: drop the connection after that many events, once they are all handed to
+    the kernel (so the client reads them before the drop); `hold`: after the last event, wait for the client
+    to leave mid-stream, then write `[DONE]` (the write fails: the engine saw its client go)."""
     end = b"\r\n" if crlf else b"\n"
     frames = [b"data: " + e + end + end for e in events]
     if comments:
@@ -118,18 +122,22 @@ async def sse_reply(
     if reset_after is not None:
         for frame in frames[:reset_after]:
             await response.write(frame)
-        await asyncio.sleep(0.01)
-        assert request.transport is not None
-        request.transport.abort()
+        transport = request.transport
+        assert transport is not None
+        # what is still in the transport's buffer when it is aborted is lost: drop it only once all is sent
+        await wait_until(lambda: transport.get_write_buffer_size() == 0, "the events sent before the reset")
+        transport.abort()
         return response
-    body = b"".join(frames) + (b"data: [DONE]" + end + end if done and not hold_s else b"")
+    body = b"".join(frames) + (b"data: [DONE]" + end + end if done and not hold else b"")
     size = max(1, -(-len(body) // pieces))
     for start in range(0, len(body), size):
         await response.write(body[start : start + size])
         if gap_s:
             await asyncio.sleep(gap_s)
-    if hold_s:
-        await asyncio.sleep(hold_s)
+    if hold:
+        await wait_until(
+            lambda: request.transport is None or request.transport.is_closing(), "the client left"
+        )
         if done:
             await response.write(b"data: [DONE]" + end + end)
     await response.write_eof()

@@ -1,12 +1,21 @@
 """A scripted loopback HTTP server for the lean upstream client's tests: each request is answered with the
-raw bytes a script returns, so every framing case is exact."""
+raw bytes a script returns, so every framing case is exact.
+
+Where a test needs the pieces of an answer to arrive in separate reads (or after something the client does),
+it says so with `pace` rather than with a pause between writes: the server writes the next piece only once
+`pace(written)` holds, `written` being the count of this answer's pieces written so far. A pause would only
+make a separate read likely; `pace` makes the order the test needs the only one possible.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 
+from tests.sim.helpers import wait_until
+
 Script = Callable[[bytes], list[bytes] | None]  # request head+body -> writes (None: close without answer)
+Pace = Callable[[int], bool]  # pieces of this answer written so far -> write the next one now
 
 
 class ScriptedServer:
@@ -14,8 +23,11 @@ class ScriptedServer:
         self.script: Script = lambda _request: [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"]
         self.requests: list[bytes] = []
         self.connections = 0
+        self.closed = 0  # connections that ended (the client closed, or the server did)
         self.close_after_answer = False
-        self.gap_s = 0.0
+        # None: the pieces are written at once. Once the client closed the connection, no piece waits
+        # (the rest is written as an engine would before it notices: the writes fail).
+        self.pace: Pace | None = None
         self.server: asyncio.AbstractServer | None = None
         self.url = ""
 
@@ -38,17 +50,29 @@ class ScriptedServer:
                 writes = self.script(request)
                 if writes is None:
                     break
-                for piece in writes:
+                for written, piece in enumerate(writes, 1):
                     writer.write(piece)
                     await writer.drain()
-                    if self.gap_s:
-                        await asyncio.sleep(self.gap_s)
+                    if self.pace is not None and written < len(writes):
+                        await wait_until(
+                            self._paced(written, reader, writer), f"the client after piece {written}"
+                        )
                 if self.close_after_answer:
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
+            self.closed += 1
             writer.close()
+
+    def _paced(
+        self, written: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> Callable[[], bool]:
+        def next_piece() -> bool:
+            gone = reader.at_eof() or writer.is_closing()  # the client closed (or reset) the connection
+            return gone or self.pace is None or self.pace(written)
+
+        return next_piece
 
     async def close(self) -> None:
         if self.server is not None:

@@ -27,23 +27,33 @@ from rolloutgate.engines.detect import detect_family, make_client
 from rolloutgate.sim import SimCluster
 from tests.engines.started import collect as collect_events
 from tests.engines.started import stream
+from tests.sim.helpers import wait_until
 
 MODEL = "sim-model"
+TIME_SCALE = 20.0
 # meta_info fields that depend on when a request ran, not on what it generated
 _TIMING = {"e2e_latency", "response_sent_to_client_ts", "id"}
 
 
+def simulator(api: str) -> SimCluster:
+    return SimCluster(engines=1, api=api, profile="default", time_scale=TIME_SCALE)
+
+
+async def client_of(cluster: SimCluster, session: aiohttp.ClientSession) -> EngineClient:
+    family = await detect_family(session, cluster.urls[0])
+    assert family is {"sglang": EngineFamily.SGLANG, "vllm": EngineFamily.VLLM}[cluster.api]
+    return make_client(family, cluster.urls[0], session)
+
+
 @pytest.fixture(params=["sglang", "vllm"])
 async def cluster(request: pytest.FixtureRequest) -> AsyncIterator[SimCluster]:
-    async with SimCluster(engines=1, api=request.param, profile="default", time_scale=20.0) as sim:
+    async with simulator(request.param) as sim:
         yield sim
 
 
 @pytest.fixture
 async def client(cluster: SimCluster, session: aiohttp.ClientSession) -> EngineClient:
-    family = await detect_family(session, cluster.urls[0])
-    assert family is {"sglang": EngineFamily.SGLANG, "vllm": EngineFamily.VLLM}[cluster.api]
-    return make_client(family, cluster.urls[0], session)
+    return await client_of(cluster, session)
 
 
 def bodies(route: Route, max_tokens: int) -> dict[str, Any]:
@@ -161,25 +171,38 @@ async def test_abort_stops_the_generation(cluster: SimCluster, client: EngineCli
                 break
     assert events[-1].finish_reason == "abort"
     assert sum(e.tokens for e in events) < 5000
-    await _until(lambda: cluster.engines[0].running_count == 0)
+    await wait_until(lambda: cluster.engines[0].running_count == 0, "the engine freed")
 
 
-async def test_pause_in_place_and_resume(cluster: SimCluster, client: EngineClient) -> None:
-    engine = cluster.engines[0]
-    route = Route.COMPLETIONS
-    call = UpstreamCall(request_id="paused", route=route, body=streamed(route, 400))
-    events_of = stream(client, call)
-    events = [await anext(events_of)]
-    await client.pause("in_place")
-    assert engine.paused
-    before = engine.generated_tokens_total
-    await asyncio.sleep(0.2)  # 4 simulated seconds: hundreds of decode steps, were it running
-    assert engine.generated_tokens_total == before
-    await client.resume()
-    assert not engine.paused
-    events += [event async for event in events_of]
-    assert sum(e.tokens for e in events) == 400
-    assert events[-2].finish_reason == "length"
+# On a fake-time loop (looptime) the simulator's seconds pass when the loop is idle: a pause is checked long
+# after the generation would have ended, at no real cost. The simulator is started in the test, not in a
+# fixture: its clock is the loop's, and looptime fakes the loop's time inside the test only.
+PAUSED_S = 10.0  # of the loop's time: 200 simulated seconds, some 40 times what the whole generation takes
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("api", ["sglang", "vllm"])
+async def test_pause_in_place_and_resume(api: str, session: aiohttp.ClientSession) -> None:
+    loop = asyncio.get_running_loop()
+    async with simulator(api) as cluster:
+        client = await client_of(cluster, session)
+        engine = cluster.engines[0]
+        route = Route.COMPLETIONS
+        call = UpstreamCall(request_id="paused", route=route, body=streamed(route, 400))
+        events_of = stream(client, call)
+        events = [await anext(events_of)]
+        await client.pause("in_place")
+        assert engine.paused
+        before = engine.generated_tokens_total
+        await asyncio.sleep(PAUSED_S)
+        assert engine.generated_tokens_total == before
+        await client.resume()
+        assert not engine.paused
+        resumed = loop.time()
+        events += [event async for event in events_of]
+        assert loop.time() - resumed < PAUSED_S / 10  # running, the rest took a fraction of the pause
+        assert sum(e.tokens for e in events) == 400
+        assert events[-2].finish_reason == "length"
 
 
 async def test_pause_abort_ends_in_flight_requests(cluster: SimCluster, client: EngineClient) -> None:
@@ -204,13 +227,5 @@ async def test_load_sees_a_running_request(cluster: SimCluster, client: EngineCl
         load = await client.load()
         assert load.running == 1
     await client.abort("loaded")
-    await _until(lambda: cluster.engines[0].running_count == 0)  # closing (and abort) freed the engine
-
-
-async def _until(condition: Any, *, attempts: int = 500) -> None:
-    """Poll `condition` (a simulator property, no event to wait on) every 20 ms, 10 s at most."""
-    for _ in range(attempts):
-        if condition():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not reached")
+    # closing (and abort) freed the engine
+    await wait_until(lambda: cluster.engines[0].running_count == 0, "the engine freed")

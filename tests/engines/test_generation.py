@@ -1,6 +1,8 @@
 """The one way a generation runs (engines/push_call.py `start_generation`): the same events and errors whether
 the call runs without a task (an idle keep-alive connection) or in one, and a call that stops closes its
-connection. A scripted loopback server answers with exact bytes."""
+connection. A scripted loopback server answers with exact bytes; where a case needs its events in separate
+reads, the server's `pace` holds each back until the last was handed over. The tests run on a fake-time loop
+(looptime): the bounded waits of the pacing cost no real time."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from rolloutgate.engines.push_call import start_generation
 from rolloutgate.engines.upstream import UpstreamPool
 
 from .scripted import ScriptedServer
+
+pytestmark = pytest.mark.looptime
 
 HINT = AssemblyHint(family=EngineFamily.SGLANG)
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -108,11 +112,13 @@ async def test_both_ways_see_every_event_and_reuse_the_connection(
 
 async def test_a_call_that_stops_closes_the_connection(server: ScriptedServer, pool: UpstreamPool) -> None:
     server.script = lambda _request: _stream(*(_generate_chunk(n) for n in range(1, 6)))
-    server.gap_s = 0.01
     sink = Sink(stop_after=2)
+    # one read per event: the next once the last was handed over (the head is the first piece)
+    server.pace = lambda written: len(sink.events) >= written - 1
     connections = server.connections
     await _run(pool, sink)
     assert len(sink.events) == 2
+    server.pace = None
     await _run(pool, Sink())
     assert server.connections == max(connections, 1) + 1  # the stopped call's connection was not reused
 

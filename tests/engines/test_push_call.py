@@ -1,4 +1,9 @@
-"""A pushed generation without a task (engines/push_call.py): each way an answer can end, on a scripted engine."""
+"""A pushed generation without a task (engines/push_call.py): each way an answer can end, on a scripted engine.
+
+Where a case needs pieces of the answer in separate reads, or after the call reported something, the scripted
+server's `pace` holds the next piece back until then. The tests run on a fake-time loop (looptime): the drain
+limit passes in fake seconds, and the bounded waits cost no real time.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +21,11 @@ from rolloutgate.engines.base import AssemblyHint, EngineFamily, UpstreamError, 
 from rolloutgate.engines.generation import GenerateDecoder
 from rolloutgate.engines.push_call import PushedGeneration, start_push_generation
 from rolloutgate.engines.upstream import UpstreamPool
+from tests.sim.helpers import wait_until
 
 from .scripted import ScriptedServer
+
+pytestmark = pytest.mark.looptime
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 END = b"0\r\n\r\n"
@@ -51,11 +59,17 @@ class Call:
         self.events: list[UpstreamEvent] = []
         self.ended: asyncio.Future[UpstreamError | None] = asyncio.get_running_loop().create_future()
         self.ends = 0
+        self.reads = 0  # calls of on_events: one per read that brought events
         self._keep_going = keep_going
 
     def on_events(self, events: list[UpstreamEvent]) -> bool:
         self.events += events
+        self.reads += 1
         return self._keep_going()
+
+    def one_read_per_piece(self, written: int) -> bool:
+        """The server's `pace`: the next piece once the last one was handed over (one read each)."""
+        return self.reads >= written
 
     def on_end(self, error: UpstreamError | None) -> None:
         self.ends += 1
@@ -87,14 +101,6 @@ def start(pool: UpstreamPool, call: Call) -> PushedGeneration | None:
     )
 
 
-async def until(condition: Callable[[], bool]) -> None:
-    for _ in range(500):  # bounded: 5 s at most
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the condition never held")
-
-
 @pytest.fixture
 async def pool(server: ScriptedServer) -> UpstreamPool:
     return UpstreamPool(server.url)
@@ -122,28 +128,30 @@ async def test_the_terminator_after_done_is_drained_before_reuse(
     pool: UpstreamPool, server: ScriptedServer
 ) -> None:
     server.script = lambda _request: [HEAD + event(2, "stop") + DONE, END]
-    server.gap_s = 0.05
     await warm(pool, server)
     call = Call()
+    server.pace = lambda _written: call.ended.done()  # the terminator after the outcome, in a read of its own
     start(pool, call)
     assert await call.outcome() is None  # the answer is complete at [DONE]
-    await until(lambda: pool.idle_count == 1)  # the connection comes back once the terminator is read
-    assert server.connections == 1
+    assert pool.idle_count == 0  # still draining
+    await wait_until(lambda: pool.idle_count == 1, "back in the pool")  # once the terminator is read
+    assert server.connections == 1 and server.closed == 0
 
 
 async def test_a_terminator_that_never_comes_closes_the_connection(
-    pool: UpstreamPool, server: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+    pool: UpstreamPool, server: ScriptedServer
 ) -> None:
-    monkeypatch.setattr(push_call, "DRAIN_AFTER_DONE_S", 0.05)
-    server.script = lambda _request: [HEAD + event(2, "stop") + DONE, b"", b""]
-    server.gap_s = 0.5
+    server.script = lambda _request: [HEAD + event(2, "stop") + DONE]  # and then nothing: the engine hangs
     await warm(pool, server)
     call = Call()
     start(pool, call)
     assert await call.outcome() is None
-    await until(lambda: server.connections == 1 and pool.idle_count == 0)
-    await asyncio.sleep(0.1)  # past the drain limit
-    assert pool.idle_count == 0
+    loop = asyncio.get_running_loop()
+    reported = loop.time()
+    limit_s = push_call.DRAIN_AFTER_DONE_S
+    await wait_until(lambda: server.closed == 1, "the server saw the connection close", timeout_s=2 * limit_s)
+    assert limit_s <= loop.time() - reported <= limit_s + 0.05  # fake seconds: closed at the drain limit
+    assert server.connections == 1 and pool.idle_count == 0  # closed, not reused
 
 
 @pytest.mark.parametrize(
@@ -203,14 +211,14 @@ async def test_a_whole_json_answer_is_one_event(pool: UpstreamPool, server: Scri
     start(pool, call)
     assert await call.outcome() is None
     assert len(call.events) == 1 and call.events[0].is_whole_body and call.events[0].tokens == 3
-    await until(lambda: pool.idle_count == 1)
+    await wait_until(lambda: pool.idle_count == 1, "back in the pool")
 
 
 async def test_a_sink_that_stops_closes_the_connection(pool: UpstreamPool, server: ScriptedServer) -> None:
     server.script = lambda _request: [HEAD + event(1), event(2), event(3, "stop") + DONE + END]
-    server.gap_s = 0.02
     await warm(pool, server)
     call = Call(keep_going=lambda: False)
+    server.pace = call.one_read_per_piece
     start(pool, call)
     assert await call.outcome() is None  # the driver ignores what a stale attempt reports
     assert [e.tokens for e in call.events] == [1]
@@ -221,16 +229,18 @@ async def test_a_cancelled_call_reports_nothing_and_closes(
     pool: UpstreamPool, server: ScriptedServer
 ) -> None:
     server.script = lambda _request: [HEAD, *[event(n) for n in range(1, 40)], DONE + END]
-    server.gap_s = 0.01
     await warm(pool, server)
     call = Call()
+    # one read per event: the next once the last was handed over (the head is the first piece)
+    server.pace = lambda written: len(call.events) >= written - 1
     handle = start(pool, call)
     assert handle is not None
-    await until(lambda: len(call.events) > 0)
+    await wait_until(lambda: len(call.events) > 0, "an event")
     handle.cancel()
     assert handle.done()
     count = len(call.events)
-    await asyncio.sleep(0.05)
+    # the server writes the rest of its answer (as an engine does until it notices) and sees the close
+    await wait_until(lambda: server.closed == 1, "the server saw the connection close")
     assert len(call.events) == count and not call.ended.done()  # nothing after the cancel
     assert pool.idle_count == 0
 

@@ -22,6 +22,7 @@ from rolloutgate.engines.http import ControlTimeouts
 from rolloutgate.engines.sglang import FIRST_AND_LAST, SglangClient, sglang_capacity
 from tests.engines.started import collect as collect_events
 from tests.engines.started import stream
+from tests.sim.helpers import wait_until
 
 from .fakes import (
     FakeEngine,
@@ -33,6 +34,10 @@ from .fakes import (
     sglang_server_info,
     sse_reply,
 )
+
+# The fake engine's delays (a slow health check, a long prefill) and the bounded waits are the loop's time: on a
+# fake-time loop they pass when the loop is idle, at no real cost, and a timeout is exact.
+pytestmark = pytest.mark.looptime
 
 
 @pytest.fixture
@@ -174,17 +179,14 @@ async def test_closing_the_iterator_closes_the_upstream_connection(
     fake: FakeEngine, client: SglangClient
 ) -> None:
     async def handler(request: web.Request) -> web.StreamResponse:
-        return await sse_reply(request, sglang_generate_chunks("gw-1", list("ab")), hold_s=0.5)
+        return await sse_reply(request, sglang_generate_chunks("gw-1", list("ab")), hold=True)
 
     fake.on("POST", "/generate", handler)
     events = stream(client, call(Route.GENERATE, {"text": "x"}))
     async with events:
         first = await anext(events)
         assert first.tokens == 1
-    for _ in range(100):
-        if fake.disconnects:
-            break
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: fake.disconnects, "the engine saw its client leave")
     assert fake.disconnects == ["/generate"]
 
 
@@ -283,13 +285,19 @@ async def test_chat_that_sglang_cannot_stream_but_the_client_streams_gets_the_en
 
 
 async def test_chat_headers_at_first_token(fake: FakeEngine, client: SglangClient) -> None:
+    # a long queue and prefill, past every control limit: a generation has no limit but its connect phase
+    prefill_s = 30.0
+
     async def handler(request: web.Request) -> web.StreamResponse:
-        await asyncio.sleep(0.2)  # queue + prefill: SGLang withholds the status line until the first token
+        await asyncio.sleep(prefill_s)  # SGLang withholds the status line until the first token
         return await sse_reply(request, sglang_chat_stream("gw-1", ["x"]))
 
     fake.on("POST", "/v1/chat/completions", handler)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
     events = await collect(client, call(Route.CHAT, {"messages": []}))
     assert sum(e.tokens for e in events) == 1
+    assert loop.time() - started >= prefill_s
 
 
 async def test_chat_mid_stream_error_frame(fake: FakeEngine, client: SglangClient) -> None:
@@ -371,12 +379,15 @@ async def test_health(fake: FakeEngine, client: SglangClient, session: aiohttp.C
     assert not await client.health()
 
     async def slow(_: web.Request) -> web.StreamResponse:
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(20.0)  # SGLang's own limit on a health check that cannot generate
         return json_reply(None)
 
     fake.on("GET", "/health", slow)
     impatient = SglangClient(fake.url, session, timeouts=ControlTimeouts(health_s=0.2))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
     assert not await impatient.health()  # no answer within health_s
+    assert loop.time() - started == pytest.approx(0.2, abs=0.01)  # given up at its limit, not at the answer
 
 
 async def test_readiness_reads_ready_then_ping(fake: FakeEngine, client: SglangClient) -> None:

@@ -1,6 +1,9 @@
 """The lean generation client (engines/upstream.py, upstream_wire.py): framing, reuse, failures, push.
 
-A scripted loopback server answers each request with raw bytes, so every framing case is exact.
+A scripted loopback server answers each request with raw bytes, so every framing case is exact; where a case
+needs pieces in separate reads, or after the client did something, the server's `pace` holds the next piece
+back until then. The tests run on a fake-time loop (looptime): the idle limit passes in fake seconds, and the
+bounded waits cost no real time.
 """
 
 from __future__ import annotations
@@ -9,73 +12,31 @@ import asyncio
 
 import pytest
 
-from rolloutgate.engines import upstream
-from rolloutgate.engines import upstream_wire as wire
+from rolloutgate.engines import upstream, upstream_wire
 from rolloutgate.engines.base import UpstreamError
 from rolloutgate.engines.http import map_exceptions
 from rolloutgate.engines.upstream import (
+    UpstreamAnswer,
     UpstreamDisconnected,
     UpstreamPool,
     UpstreamProtocolError,
 )
-from rolloutgate.engines.upstream_wire import ParsedHead, parse_head
+from tests.sim.helpers import wait_until
 
 from .scripted import ScriptedServer, bytewise
+
+pytestmark = pytest.mark.looptime
 
 
 async def _read_all(pool: UpstreamPool, path: str = "/generate") -> tuple[int, str, bytes]:
     async with pool.post(path, b'{"x":1}', {"Content-Type": "application/json"}) as response:
-        body = b"".join([piece async for piece in response.content.iter_any()])
-        return response.status, response.content_type, body
-
-
-SIM_HEAD = (
-    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-    b"Transfer-Encoding: chunked\r\nDate: Tue, 01 Dec 2026 05:20:28 GMT\r\nServer: Python/3.11 aiohttp/3.14.5"
-)
-
-
-@pytest.mark.parametrize(
-    ("head", "expected"),
-    [
-        (SIM_HEAD, ParsedHead(200, "text/event-stream", True, True, wire._CHUNK_SIZE, 0)),
-        (
-            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 12",
-            ParsedHead(200, "application/json", False, True, wire._LENGTH, 12),
-        ),
-        (
-            b"HTTP/1.0 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: 2",
-            ParsedHead(400, "application/json", False, False, wire._LENGTH, 2),
-        ),
-        (b"HTTP/1.1 204 No Content\r\nConnection: close", ParsedHead(204, "", False, False, wire._DONE, 0)),
-        (
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/plain",
-            ParsedHead(200, "text/plain", False, False, wire._UNTIL_EOF, 0),
-        ),
-        (b"HTTP/1.1 100 Continue", None),
-    ],
-    ids=["sse", "length", "http-1.0", "no-body", "until-close", "interim"],
-)
-def test_a_head_is_read_once_per_distinct_bytes(head: bytes, expected: ParsedHead | None) -> None:
-    parsed = parse_head(bytes(head))
-    assert parsed == expected
-    assert parse_head(bytes(head)) is parsed  # an equal head (another bytes object) is not parsed again
-    next_second = head.replace(b"05:20:28", b"05:20:29")
-    assert parse_head(next_second) == expected
-
-
-def test_an_unreadable_head_raises_every_time() -> None:
-    for _ in range(2):  # not cached: a failure is never answered from memory
-        with pytest.raises(ValueError, match="encoded"):
-            parse_head(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 3")
-    with pytest.raises(ValueError, match="status line"):
-        parse_head(b"SPDY/3 200 OK")
+        return response.status, response.content_type, await response.read()
 
 
 async def test_content_length_answer_and_the_connection_is_reused(server: ScriptedServer) -> None:
     pool = UpstreamPool(server.url)
     for _ in range(3):
-        assert await _read_all(pool) == (200, "application/octet-stream", b"ok")
+        assert await _read_all(pool) == (200, "", b"ok")
     assert server.connections == 1 and pool.idle_count == 1
     request = server.requests[0]
     assert request.startswith(b"POST /generate HTTP/1.1\r\n")
@@ -108,9 +69,9 @@ async def test_body_until_close_and_connection_close_are_not_reused(server: Scri
     server.script = lambda _request: [b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of it"]
     server.close_after_answer = True
     pool = UpstreamPool(server.url)
-    assert await _read_all(pool) == (200, "application/octet-stream", b"all of it")
+    assert await _read_all(pool) == (200, "", b"all of it")
     assert pool.idle_count == 0
-    assert await _read_all(pool) == (200, "application/octet-stream", b"all of it")
+    assert await _read_all(pool) == (200, "", b"all of it")
     assert server.connections == 2
     pool.close()
 
@@ -162,17 +123,15 @@ async def test_refused_connection_is_unreachable() -> None:
 
 
 async def test_leaving_early_closes_the_connection(server: ScriptedServer) -> None:
-    server.script = lambda _request: [
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
-        *[b"3\r\nabc\r\n"] * 5,
-        b"0\r\n\r\n",
-    ]
-    server.gap_s = 0.02
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    # the first answer stops after its first chunk (nothing else can be read before leaving), the next is whole
+    answers = iter([[head, b"3\r\nabc\r\n"], [head, *[b"3\r\nabc\r\n"] * 5, b"0\r\n\r\n"]])
+    server.script = lambda _request: next(answers)
     pool = UpstreamPool(server.url)
     async with pool.post("/generate", b"{}", {}) as response:
-        assert await response.content.readany() == b"abc"
+        assert await response.readany() == b"abc"
     assert pool.idle_count == 0  # a half-read answer never goes back to the pool
-    assert await _read_all(pool) == (200, "application/octet-stream", b"abc" * 5)
+    assert await _read_all(pool) == (200, "", b"abc" * 5)
     assert server.connections == 2
     pool.close()
 
@@ -185,9 +144,10 @@ async def test_a_large_body_is_read_whole_with_backpressure(server: ScriptedServ
     ]
     pool = UpstreamPool(server.url)
     async with pool.post("/generate", b"{}", {}) as response:
-        await asyncio.sleep(0.05)  # let the socket fill the buffer: reading pauses
+        # nothing is read yet: the body queues up to the high-water mark, and then reading the socket pauses
+        await wait_until(lambda: _connection(response)._is_paused, "reading paused above the high-water mark")
         assert await response.read() == payload
-        assert response.content.at_eof()
+        assert not _connection(response)._is_paused  # resumed once read
     assert pool.idle_count == 1
     pool.close()
 
@@ -196,6 +156,11 @@ async def test_header_values_with_line_breaks_are_refused() -> None:
     pool = UpstreamPool("http://127.0.0.1:9")
     with pytest.raises(ValueError, match="line break"):
         pool.post("/generate", b"{}", {"X-SMG-Routing-Key": "a\r\nEvil: 1"})
+
+
+def _connection(response: UpstreamAnswer) -> upstream_wire.UpstreamConnection:
+    """The connection under an answer: its reading state has no public view."""
+    return response._connection
 
 
 # -- idle connections and push delivery ---------------------------------------------------------------------
@@ -215,12 +180,19 @@ class Collected:
         self.pieces.append(piece)
         return False
 
+    def one_read_per_piece(self, written: int) -> bool:
+        """The server's `pace`: the next piece once the last one reached the sink (the head is the first)."""
+        return len(self.pieces) >= written - 1
 
-async def _push_all(pool: UpstreamPool, seen: Collected) -> None:
-    """POST and push the whole answer into `seen`."""
+
+async def _push_all(pool: UpstreamPool, seen: Collected, pushing: asyncio.Event | None = None) -> None:
+    """POST and push the whole answer into `seen` (`pushing` is set once the push has started)."""
     async with pool.post("/generate", b"{}", {}) as response:
         try:
-            await response.start_push(seen.keep)
+            push = response.start_push(seen.keep)
+            if pushing is not None:
+                pushing.set()
+            await push
         finally:
             response.stop_push()
 
@@ -230,16 +202,16 @@ def _chunked(*pieces: bytes, end: bytes = b"0\r\n\r\n") -> list[bytes]:
     return [head, *(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces), end]
 
 
-async def test_an_idle_connection_older_than_the_limit_is_not_reused(
-    server: ScriptedServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_an_idle_connection_older_than_the_limit_is_not_reused(server: ScriptedServer) -> None:
     pool = UpstreamPool(server.url)
-    assert await _read_all(pool) == (200, "application/octet-stream", b"ok")
-    assert await _read_all(pool) == (200, "application/octet-stream", b"ok")
+    assert await _read_all(pool) == (200, "", b"ok")
+    await asyncio.sleep(upstream._MAX_IDLE_S - 0.1)  # fake seconds
+    assert await _read_all(pool) == (200, "", b"ok")
     assert server.connections == 1  # fresh enough: reused
-    monkeypatch.setattr(upstream, "_MAX_IDLE_S", 0.0)  # every idle connection is now too old
-    assert await _read_all(pool) == (200, "application/octet-stream", b"ok")
-    assert server.connections == 2 and pool.idle_count == 1
+    await asyncio.sleep(upstream._MAX_IDLE_S + 0.1)
+    assert await _read_all(pool) == (200, "", b"ok")
+    assert server.connections == 2 and pool.idle_count == 1  # too old: closed, and a new one made
+    assert server.closed == 1
     pool.close()
 
 
@@ -247,17 +219,16 @@ async def test_push_hands_each_piece_over_as_it_arrives_and_the_connection_is_re
     server: ScriptedServer,
 ) -> None:
     server.script = lambda _request: _chunked(b"one", b"two", b"three")
-    server.gap_s = 0.01  # one read per piece
     pool = UpstreamPool(server.url)
     for _ in range(2):
         seen = Collected()
+        server.pace = seen.one_read_per_piece
         async with pool.post("/generate", b"{}", {}) as response:
             try:
                 await response.start_push(seen.keep)
             finally:
                 response.stop_push()
-            assert response.content.at_eof()
-        assert seen.pieces == [b"one", b"two", b"three"]
+            assert seen.pieces == [b"one", b"two", b"three"]
     assert server.connections == 1 and pool.idle_count == 1
     pool.close()
 
@@ -267,10 +238,11 @@ async def test_push_hands_the_chunks_of_one_read_over_together(server: ScriptedS
     reports them to the core once."""
     head, *chunks = _chunked(b"one", b"two", b"three")
     server.script = lambda _request: [head, b"".join(chunks)]  # the body in one write, after the head
-    server.gap_s = 0.05  # the push starts before the body arrives
     pool = UpstreamPool(server.url)
     seen = Collected()
-    await _push_all(pool, seen)
+    pushing = asyncio.Event()
+    server.pace = lambda _written: pushing.is_set()  # the body is written once the push has started
+    await _push_all(pool, seen, pushing)
     assert seen.pieces == [b"onetwothree"]
     assert pool.idle_count == 1
     pool.close()
@@ -279,11 +251,12 @@ async def test_push_hands_the_chunks_of_one_read_over_together(server: ScriptedS
 async def test_a_read_that_ends_in_garbage_hands_over_what_came_before_it(server: ScriptedServer) -> None:
     head, first, *_ = _chunked(b"good")
     server.script = lambda _request: [head, first + b"zz\r\n"]  # a chunk, then no chunk size
-    server.gap_s = 0.05
     pool = UpstreamPool(server.url)
     seen = Collected()
+    pushing = asyncio.Event()
+    server.pace = lambda _written: pushing.is_set()  # the body is written once the push has started
     with pytest.raises(UpstreamProtocolError):
-        await _push_all(pool, seen)
+        await _push_all(pool, seen, pushing)
     assert seen.pieces == [b"good"]
     assert pool.idle_count == 0
     pool.close()
@@ -294,7 +267,8 @@ async def test_push_takes_what_was_queued_before_it_started(server: ScriptedServ
     pool = UpstreamPool(server.url)
     seen = Collected()
     async with pool.post("/generate", b"{}", {}) as response:
-        await asyncio.sleep(0.05)  # both pieces and the end are queued before the push starts
+        # both pieces and the end are queued before the push starts
+        await wait_until(lambda: _connection(response)._state == upstream_wire._DONE, "the whole answer")
         await response.start_push(seen.keep)
         response.stop_push()
     assert b"".join(seen.pieces) == b"earlylate"
@@ -304,9 +278,9 @@ async def test_push_takes_what_was_queued_before_it_started(server: ScriptedServ
 
 async def test_a_sink_that_stops_ends_the_push_and_the_connection_is_closed(server: ScriptedServer) -> None:
     server.script = lambda _request: _chunked(b"first", b"second", b"third")
-    server.gap_s = 0.02
     pool = UpstreamPool(server.url)
     seen = Collected()
+    server.pace = seen.one_read_per_piece
     async with pool.post("/generate", b"{}", {}) as response:
         await response.start_push(seen.first)
         response.stop_push()
@@ -348,29 +322,27 @@ async def test_a_cancelled_push_closes_its_connection(server: ScriptedServer) ->
     """A generation whose client left is cancelled: its connection must close (vLLM aborts a generation only
     when its connection closes), never go back to the pool."""
     server.script = lambda _request: _chunked(*[b"token"] * 50)
-    server.gap_s = 0.02
     pool = UpstreamPool(server.url)
     seen = Collected()
-    reading = asyncio.Event()
+    server.pace = seen.one_read_per_piece
 
     async def generation() -> None:
         async with pool.post("/generate", b"{}", {}) as response:
-            reading.set()
             try:
                 await response.start_push(seen.keep)
             finally:
                 response.stop_push()
 
     task = asyncio.create_task(generation())
-    await reading.wait()
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: len(seen.pieces) >= 3, "three pieces pushed")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert 0 < len(seen.pieces) < 50
     assert pool.idle_count == 0
     count = len(seen.pieces)
-    await asyncio.sleep(0.05)
+    # the server writes the rest of its answer (as an engine does until it notices) and sees the close
+    await wait_until(lambda: server.closed == 1, "the server saw the connection close")
     assert len(seen.pieces) == count  # nothing is delivered after the cancel
     pool.close()
 
@@ -389,16 +361,15 @@ async def test_an_armed_push_takes_the_body_from_the_read_of_the_head(server: Sc
             assert response.pushed and response.status == 200
             assert seen.pieces == [b"onetwo"]
             response.stop_push()
-            assert response.content.at_eof()
-    assert server.connections == 1 and pool.idle_count == 1
+        assert server.connections == 1 and pool.idle_count == 1
     pool.close()
 
 
 async def test_an_armed_push_follows_a_body_split_over_reads(server: ScriptedServer) -> None:
     server.script = lambda _request: _chunked(b"one", b"two", b"three")
-    server.gap_s = 0.01  # one read per piece
     pool = UpstreamPool(server.url)
     seen = Collected()
+    server.pace = seen.one_read_per_piece
     async with pool.post("/generate", b"{}", {}, push_to=seen.keep) as response:
         assert response.pushed
         response.stop_push()
@@ -455,25 +426,22 @@ async def test_an_armed_push_raises_its_failures_from_the_post(server: ScriptedS
 
 async def test_a_cancelled_armed_push_closes_its_connection(server: ScriptedServer) -> None:
     server.script = lambda _request: _chunked(*[b"token"] * 50)
-    server.gap_s = 0.02
     pool = UpstreamPool(server.url)
     seen = Collected()
+    server.pace = seen.one_read_per_piece
 
     async def generation() -> None:
         async with pool.post("/generate", b"{}", {}, push_to=seen.keep):
             pass
 
     task = asyncio.create_task(generation())
-    for _ in range(100):
-        await asyncio.sleep(0.01)
-        if seen.pieces:
-            break
+    await wait_until(lambda: len(seen.pieces) >= 3, "three pieces pushed")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     count = len(seen.pieces)
     assert 0 < count < 50 and pool.idle_count == 0
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: server.closed == 1, "the server saw the connection close")
     assert len(seen.pieces) == count  # nothing is delivered after the cancel
     pool.close()
 
@@ -483,6 +451,6 @@ async def test_a_chunk_without_its_crlf_is_refused(server: ScriptedServer, split
     answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY0\r\n\r\n"
     server.script = lambda _request: bytewise(answer) if split else [answer]
     pool = UpstreamPool(server.url)
-    with pytest.raises(UpstreamProtocolError, match="CRLF"):
+    with pytest.raises(UpstreamProtocolError, match="after chunk data"):
         await _read_all(pool)
     pool.close()

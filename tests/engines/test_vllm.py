@@ -22,8 +22,12 @@ from rolloutgate.engines.base import (
 from rolloutgate.engines.vllm import VllmClient, vllm_capacity
 from tests.engines.started import collect as collect_events
 from tests.engines.started import stream
+from tests.sim.helpers import wait_until
 
 from .fakes import FakeEngine, completion_chunk, models_answer, sse_reply, usage_frame, vllm_chat_stream
+
+# the bounded waits are the loop's time: on a fake-time loop they pass when the loop is idle, at no real cost
+pytestmark = pytest.mark.looptime
 
 
 @pytest.fixture
@@ -97,22 +101,19 @@ async def test_paused_engine_503_is_retryable(fake: FakeEngine, client: VllmClie
 
 async def test_closing_the_iterator_is_the_abort(fake: FakeEngine, client: VllmClient) -> None:
     async def handler(request: web.Request) -> web.StreamResponse:
-        return await sse_reply(request, vllm_chat_stream("gw-2", ["a", "b"]), hold_s=0.5)
+        return await sse_reply(request, vllm_chat_stream("gw-2", ["a", "b"]), hold=True)
 
     fake.on("POST", "/v1/chat/completions", handler)
     events = stream(client, call(Route.CHAT, {"messages": []}))
     async with events:
         await anext(events)
-    for _ in range(100):
-        if fake.disconnects:
-            break
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: fake.disconnects, "the engine saw its client leave")
     assert fake.disconnects == ["/v1/chat/completions"]
 
 
 async def test_cancelling_the_consumer_closes_the_connection(fake: FakeEngine, client: VllmClient) -> None:
     async def handler(request: web.Request) -> web.StreamResponse:
-        return await sse_reply(request, vllm_chat_stream("gw-2", ["a"]), hold_s=0.5)
+        return await sse_reply(request, vllm_chat_stream("gw-2", ["a"]), hold=True)
 
     fake.on("POST", "/v1/chat/completions", handler)
     first = asyncio.Event()
@@ -126,10 +127,7 @@ async def test_cancelling_the_consumer_closes_the_connection(fake: FakeEngine, c
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    for _ in range(100):
-        if fake.disconnects:
-            break
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: fake.disconnects, "the engine saw its client leave")
     assert fake.disconnects == ["/v1/chat/completions"]
 
 

@@ -1,6 +1,7 @@
 """Client protection (issue 4): keep-alive, retries that attach, errors after keep-alive, disconnects.
 
-Time-scaled: the simulator and the gateway run at SCALE, the clients' timeouts are real seconds.
+Time-scaled: the simulator and the gateway run at SCALE, the clients' timeouts are the loop's seconds; on a
+fake-time loop (looptime), so every wait here (keep-alive, client timeouts, grace periods) costs no real time.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import pytest
 
 from rolloutgate.sim.faults import Fault
 from tests.server.conftest import MakeCluster, MakeGateway
+from tests.sim.helpers import wait_until
 
 SCALE = 50.0
-CLIENT_TIMEOUT_S = 1.0  # real seconds
+CLIENT_TIMEOUT_S = 1.0  # loop seconds (SCALE simulated seconds)
 MESSAGES = [{"role": "user", "content": "hello there"}]
 
 
@@ -29,25 +31,19 @@ def requests_total(cluster: object, index: int) -> int:
     return int(cluster.engines[index].state(include_requests=False)["requests_total"])  # type: ignore[attr-defined]
 
 
-async def start_blocker(http: httpx.AsyncClient, url: str, real_s: float) -> asyncio.Task[httpx.Response]:
-    """A request that holds the only slot for about `real_s` real seconds (default profile ~90 tok/s)."""
-    tokens = int(real_s * SCALE * 90)
+async def start_blocker(http: httpx.AsyncClient, url: str, loop_s: float) -> asyncio.Task[httpx.Response]:
+    """A request that holds the only slot for about `loop_s` loop seconds (default profile ~90 tok/s)."""
+    tokens = int(loop_s * SCALE * 90)
     return asyncio.create_task(http.post(f"{url}/v1/chat/completions", json=chat(tokens), timeout=60))
-
-
-async def wait_until(predicate, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout_s
-    while not predicate():
-        assert loop.time() < end, "condition not reached"
-        await asyncio.sleep(0.01)
 
 
 # --- keep-alive --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.looptime
 @pytest.mark.parametrize("client", ["httpx", "openai", "litellm"])
 @pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.looptime
 async def test_a_request_waiting_4x_the_client_timeout_completes_with_one_generation(
     make_cluster: MakeCluster, make_gateway: MakeGateway, client: str, stream: bool
 ) -> None:
@@ -110,6 +106,7 @@ async def _ask(client: str, url: str, stream: bool) -> str:
 # --- the 901 s pattern ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.looptime
 async def test_the_901s_pattern_becomes_one_generation_and_one_answer_from_another_engine(
     make_cluster: MakeCluster, make_gateway: MakeGateway
 ) -> None:
@@ -135,6 +132,7 @@ async def test_the_901s_pattern_becomes_one_generation_and_one_answer_from_anoth
 # --- attach -------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.looptime
 async def test_two_samples_of_one_prompt_in_different_sessions_are_two_generations(
     make_cluster: MakeCluster, make_gateway: MakeGateway
 ) -> None:
@@ -154,6 +152,7 @@ async def test_two_samples_of_one_prompt_in_different_sessions_are_two_generatio
     assert requests_total(cluster, 0) == 4
 
 
+@pytest.mark.looptime
 async def test_a_retry_with_the_same_key_attaches_in_flight_and_after_the_end(
     make_cluster: MakeCluster, make_gateway: MakeGateway
 ) -> None:
@@ -186,11 +185,12 @@ async def test_a_retry_with_the_same_key_attaches_in_flight_and_after_the_end(
 # --- disconnects -------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.looptime
 async def test_a_disconnect_without_retry_is_aborted_after_the_grace_period(
     make_cluster: MakeCluster, make_gateway: MakeGateway
 ) -> None:
     cluster = await make_cluster(engines=1, time_scale=SCALE)
-    grace_sim = 1.0 * SCALE  # one real second
+    grace_sim = 1.0 * SCALE  # one loop second
     gateway = await make_gateway(cluster, retry_grace=grace_sim)
     engine = cluster.engines[0]
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as http:
@@ -210,13 +210,14 @@ async def test_a_disconnect_without_retry_is_aborted_after_the_grace_period(
     assert 'rolloutgate_aborts_sent_total{reason="client_gone"} 1.0' in metrics
 
 
+@pytest.mark.looptime
 async def test_a_retry_within_the_grace_period_gets_the_first_generation(
     make_cluster: MakeCluster, make_gateway: MakeGateway
 ) -> None:
     cluster = await make_cluster(engines=1, time_scale=SCALE)
     gateway = await make_gateway(cluster, retry_grace=10 * SCALE)
     headers = {"Idempotency-Key": "turn-42", "X-Rolloutgate-Keepalive": "off"}
-    body = chat(int(2.5 * SCALE * 90))  # ~2.5 real seconds of generation
+    body = chat(int(2.5 * SCALE * 90))  # ~2.5 loop seconds of generation
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as http:
         with pytest.raises(httpx.ReadTimeout):
             await http.post(f"{gateway.url}/v1/chat/completions", json=body, headers=headers)
@@ -231,6 +232,7 @@ async def test_a_retry_within_the_grace_period_gets_the_first_generation(
 
 
 @pytest.mark.parametrize("client", ["httpx", "openai", "litellm"])
+@pytest.mark.looptime
 async def test_an_error_after_keepalive_reaches_each_client_as_an_error(
     make_cluster: MakeCluster, make_gateway: MakeGateway, client: str
 ) -> None:
@@ -238,7 +240,7 @@ async def test_an_error_after_keepalive_reaches_each_client_as_an_error(
     that each real client must still see as an error, once, without retrying into a new generation."""
     cluster = await make_cluster(engines=1, time_scale=SCALE)
     gateway = await make_gateway(cluster, capacity=1)
-    headers = {"X-Rolloutgate-Timeout": str(0.5 * SCALE)}  # half a real second of engine time
+    headers = {"X-Rolloutgate-Timeout": str(0.5 * SCALE)}  # half a loop second of engine time
     async with httpx.AsyncClient() as http:
         blocker = await start_blocker(http, gateway.url, 2 * CLIENT_TIMEOUT_S)
         await wait_until(lambda: cluster.engines[0].running_count == 1)
@@ -279,6 +281,7 @@ async def test_an_error_after_keepalive_reaches_each_client_as_an_error(
     assert requests_total(cluster, 0) == 2  # the blocker and one generation: no retry started another
 
 
+@pytest.mark.looptime
 async def test_a_client_gone_while_its_answer_is_written_is_a_quiet_disconnect(
     make_cluster: MakeCluster,
     make_gateway: MakeGateway,

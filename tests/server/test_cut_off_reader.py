@@ -9,26 +9,20 @@ generation here; every wait is on an observable state, not on time.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 
 import httpx
+import pytest
 
 from tests.server.conftest import MakeCluster, MakeGateway
 from tests.server.slow_reader import open_slow_reader
+from tests.sim.helpers import wait_until
 
 # far more than the sockets hold (~11K tokens on loopback): the reader really falls behind
 MAX_TOKENS = 30_000
 
 
-async def wait_until(predicate, what: str, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout_s
-    while not predicate():
-        assert loop.time() < end, f"{what}: not reached in {timeout_s} s"
-        await asyncio.sleep(0.01)
-
-
+@pytest.mark.looptime
 async def test_a_reader_cut_off_for_falling_behind_has_its_generation_wound_up(
     make_cluster: MakeCluster, make_gateway: MakeGateway
 ) -> None:
@@ -51,14 +45,16 @@ async def test_a_reader_cut_off_for_falling_behind_has_its_generation_wound_up(
 
     sock = open_slow_reader(gateway.url, MAX_TOKENS)
     try:
-        await wait_until(lambda: engine.running_count == 1, "generation started")
+        await wait_until(lambda: engine.running_count == 1, "generation started", timeout_s=30)
         # The reader falls behind, is cut off, and after the grace its generation is aborted on the engine.
         await wait_until(lambda: aborts_sent() == 1, "abort of the abandoned generation", timeout_s=60)
-        await wait_until(lambda: engine.running_count == 0, "the engine stopped generating")
+        await wait_until(lambda: engine.running_count == 0, "the engine stopped generating", timeout_s=30)
         assert engine.generated_tokens_total < MAX_TOKENS
         # The slot is freed (the engine is done) and nothing of the exchange is left in the driver ...
-        await wait_until(lambda: not any(ctx.driver.core.stats().in_flight.values()), "slot freed")
-        await wait_until(lambda: not ctx.driver.exchanges, "exchange dropped")
+        await wait_until(
+            lambda: not any(ctx.driver.core.stats().in_flight.values()), "slot freed", timeout_s=30
+        )
+        await wait_until(lambda: not ctx.driver.exchanges, "exchange dropped", timeout_s=30)
         # ... and the cut-off answer's connection was closed, not handed back to the pool.
         assert upstream.idle_count == 0
     finally:

@@ -2,8 +2,8 @@
 
 The engine says so itself (SGLang `/ready` 503 beside `/ping` 200; vLLM `/is_paused`): the request on it
 completes after the pause, its timing shows the pause under `paused` and nothing of it charged, and the engine
-is never quarantined, though the pause outlasts the 60 s stall timeout. Time-scaled on the simulator (x20:
-the default 60 s stall timeout is 3 real seconds).
+is never quarantined, though the pause outlasts the 60 s stall timeout. Time-scaled on the simulator (x20) on a
+fake-time loop (looptime): the minutes of pause pass when the loop is idle, at no real cost.
 """
 
 from __future__ import annotations
@@ -13,22 +13,23 @@ import asyncio
 import httpx
 import pytest
 
+from rolloutgate.server.pool import PAUSED_POLL_S
 from rolloutgate.sim import SimCluster
 from tests.server.conftest import MakeCluster, MakeGateway
 from tests.server.users_path import final_timing, generate_body, quarantines
+from tests.sim.helpers import wait_until
 
 SCALE = 20.0
 TOKENS = 3_000  # ~33 simulated s of decode alone on the default profile
 
 
 async def decoding(cluster: SimCluster, tokens: int) -> None:
-    """Until the engine's one request has generated `tokens` (bounded: 30 real s)."""
+    """Until the engine's one request has generated `tokens`."""
     model = cluster.engines[0].model
-    async with asyncio.timeout(30):
-        while not any(r.completion_tokens >= tokens for r in model.requests()):  # noqa: ASYNC110
-            await asyncio.sleep(0.02)  # the model has no event to wait on; its state is read in place
+    await wait_until(lambda: any(r.completion_tokens >= tokens for r in model.requests()))
 
 
+@pytest.mark.looptime
 @pytest.mark.parametrize(("mode", "pause_s"), [("in_place", 30.0), ("retract", 120.0), ("abort", 0.0)])
 async def test_a_pause_nobody_announced_is_not_charged_and_not_judged(
     make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient, mode: str, pause_s: float
@@ -74,13 +75,16 @@ async def test_a_pause_nobody_announced_is_not_charged_and_not_judged(
         assert pause_s - 8 <= timing["paused"] <= pause_s + 2, timing
         assert timing["charged"] < timing["wall"] - pause_s + 8, timing
     assert await quarantines(http, gateway.url) == 0
-    # The gateway reads the engine's readiness every PAUSED_POLL_S (0.05 real s here): a call the engine held
-    # through its pause can be answered before that read, so the flag clears within a few reads, not at once.
-    async with asyncio.timeout(5):
-        while (await http.get(f"{gateway.url}/admin/state")).json()["engines"][0]["paused_by_engine"]:  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
+    # The gateway reads the engine's readiness every PAUSED_POLL_S (1 s): a call the engine held through its
+    # pause can be answered before that read, so the flag clears within a few reads, not at once.
+
+    async def flag_cleared() -> bool:
+        return not (await http.get(f"{gateway.url}/admin/state")).json()["engines"][0]["paused_by_engine"]
+
+    await wait_until(flag_cleared, timeout_s=5 * PAUSED_POLL_S / SCALE)
 
 
+@pytest.mark.looptime
 async def test_a_trainers_direct_weight_update_is_seen_as_a_new_version_and_a_flushed_cache(
     make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
 ) -> None:
@@ -96,9 +100,8 @@ async def test_a_trainers_direct_weight_update_is_seen_as_a_new_version_and_a_fl
     placed = core.session_placement("agent-1")
     assert placed is not None and placed[1] > 100
     assert (await http.post(f"{engine_url}/pause_generation", json={"mode": "retract"})).status_code == 200
-    async with asyncio.timeout(30):
-        while not gateway.context.pool.engines[placed[0]].paused_by_engine:  # noqa: ASYNC110
-            await asyncio.sleep(0.05)  # the health loop reads the engine's readiness on its own cadence
+    # the health loop reads the engine's readiness on its own cadence
+    await wait_until(lambda: gateway.context.pool.engines[placed[0]].paused_by_engine)
     assert (await http.get(f"{engine_url}/flush_cache")).status_code == 200
     updated = await http.post(f"{engine_url}/update_weights_from_disk", json={"model_path": "/ckpt/step-2"})
     assert updated.status_code == 200, updated.text
@@ -107,9 +110,8 @@ async def test_a_trainers_direct_weight_update_is_seen_as_a_new_version_and_a_fl
     )
     assert version.status_code == 200, version.text
     assert (await http.post(f"{engine_url}/continue_generation", json={})).status_code == 200
-    async with asyncio.timeout(30):
-        while core.session_placement("agent-1") != (placed[0], 0):  # noqa: ASYNC110
-            await asyncio.sleep(0.05)  # read by the health loop after the engine continues
+    # read by the health loop after the engine continues
+    await wait_until(lambda: core.session_placement("agent-1") == (placed[0], 0))
     state = (await http.get(f"{gateway.url}/admin/state")).json()
     assert [e["weight_version"] for e in state["engines"]] == ["step-2"]
     answer = await http.post(f"{gateway.url}/generate", json=generate_body(50, 4), headers=session)

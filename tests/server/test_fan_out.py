@@ -4,16 +4,28 @@ the calls waiting in the gateway get SGLang's abort answer at once, the engine a
 from __future__ import annotations
 
 import asyncio
-import time
+from collections.abc import Awaitable, Callable
 
 import httpx
+import pytest
 
 from tests.server.conftest import MakeCluster, MakeGateway
 from tests.server.users_path import generate_body
+from tests.sim.helpers import wait_until
 
 SCALE = 100.0
 
 
+def queue_depth_is(http: httpx.AsyncClient, url: str, depth: int) -> Callable[[], Awaitable[bool]]:
+    """A predicate: at least `depth` calls wait in the gateway's queue (read from its state)."""
+
+    async def reached() -> bool:
+        return (await http.get(f"{url}/admin/state")).json()["queue_depth"] >= depth
+
+    return reached
+
+
+@pytest.mark.looptime
 async def test_abort_all_answers_the_queue_at_once_and_reaches_the_engine(
     make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
 ) -> None:
@@ -23,9 +35,7 @@ async def test_abort_all_answers_the_queue_at_once_and_reaches_the_engine(
     running = asyncio.create_task(
         http.post(f"{gateway.url}/generate", json=generate_body(100, 20_000), timeout=None)
     )
-    async with asyncio.timeout(30):
-        while not any(r.completion_tokens > 10 for r in model.requests()):  # noqa: ASYNC110
-            await asyncio.sleep(0.02)  # the simulator has no event to wait on; its state is read in place
+    await wait_until(lambda: any(r.completion_tokens > 10 for r in model.requests()))
     waiting = [
         asyncio.create_task(
             http.post(
@@ -41,14 +51,13 @@ async def test_abort_all_answers_the_queue_at_once_and_reaches_the_engine(
             timeout=None,
         )
     )
-    async with asyncio.timeout(30):
-        while (await http.get(f"{gateway.url}/admin/state")).json()["queue_depth"] < 4:  # noqa: ASYNC110
-            await asyncio.sleep(0.02)  # the queue depth is read from the gateway's state
-    started = time.perf_counter()
+    await wait_until(queue_depth_is(http, gateway.url, 4))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
     aborted = await http.post(f"{gateway.url}/abort_request", json={"abort_all": True})
     assert aborted.status_code == 200
     answers = await asyncio.gather(*waiting)
-    assert time.perf_counter() - started < 1.0  # within one second
+    assert loop.time() - started < 1.0  # within one second (100 simulated), while the running call goes on
     for i, answer in enumerate(answers):
         assert answer.status_code == 200, answer.text
         meta = answer.json()["meta_info"]
@@ -66,6 +75,7 @@ async def test_abort_all_answers_the_queue_at_once_and_reaches_the_engine(
     assert (await http.get(f"{gateway.url}/admin/state")).json()["queue_depth"] == 0
 
 
+@pytest.mark.looptime
 async def test_a_bad_abort_request_is_a_400_and_nothing_is_aborted(
     make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
 ) -> None:
@@ -79,6 +89,7 @@ async def test_a_bad_abort_request_is_a_400_and_nothing_is_aborted(
     assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 5
 
 
+@pytest.mark.looptime
 async def test_flush_cache_reaches_every_engine_and_says_which_did_not_flush(
     make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
 ) -> None:
@@ -98,9 +109,7 @@ async def test_flush_cache_reaches_every_engine_and_says_which_did_not_flush(
     busy = asyncio.create_task(
         http.post(f"{cluster.urls[0]}/generate", json=generate_body(10, 20_000), timeout=None)
     )
-    async with asyncio.timeout(30):
-        while not cluster.engines[0].model.requests():  # noqa: ASYNC110
-            await asyncio.sleep(0.02)  # the simulator has no event to wait on; its state is read in place
+    await wait_until(lambda: bool(cluster.engines[0].model.requests()))
     refused = await http.get(f"{gateway.url}/flush_cache")
     assert refused.status_code == 400  # SGLang flushes an idle engine only
     assert "engine-0" in refused.text and "engine-1" not in refused.text
@@ -111,6 +120,7 @@ async def test_flush_cache_reaches_every_engine_and_says_which_did_not_flush(
     await busy
 
 
+@pytest.mark.looptime
 async def test_a_clients_rid_reaches_the_engine_and_its_aborts_match_waiting_and_running_calls(
     make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
 ) -> None:
@@ -125,14 +135,10 @@ async def test_a_clients_rid_reaches_the_engine_and_its_aborts_match_waiting_and
         return asyncio.create_task(http.post(f"{gateway.url}/generate", json=body, timeout=None))
 
     running_a, running_b = call("lora-a::1"), call("lora-b::1")
-    async with asyncio.timeout(30):
-        while len([r for r in model.requests() if r.completion_tokens > 5]) < 2:  # noqa: ASYNC110
-            await asyncio.sleep(0.02)  # the simulator has no event to wait on; its state is read in place
+    await wait_until(lambda: len([r for r in model.requests() if r.completion_tokens > 5]) >= 2)
     assert sorted(r.rid.split("@")[0] for r in model.requests()) == ["lora-a::1", "lora-b::1"]
     waiting_a, waiting_exact = call("lora-a::2"), call("one-call")
-    async with asyncio.timeout(30):
-        while (await http.get(f"{gateway.url}/admin/state")).json()["queue_depth"] < 2:  # noqa: ASYNC110
-            await asyncio.sleep(0.02)  # the queue depth is read from the gateway's state
+    await wait_until(queue_depth_is(http, gateway.url, 2))
     # straight to the engine, as miles does: the running call of adapter a ends, b's goes on
     assert (
         await http.post(f"{cluster.urls[0]}/abort_request", json={"rid": "lora-a::", "prefix": True})

@@ -10,6 +10,11 @@ import httpx
 import pytest
 
 from tests.server.conftest import MakeCluster, MakeGateway
+from tests.sim.helpers import wait_until
+
+# the simulated engines and the gateway run on the loop's time, at SCALE: on a fake-time loop a 90 s update
+# passes when the loop is idle, with no real time spent waiting
+pytestmark = pytest.mark.looptime
 
 SCALE = 50.0
 UPDATE_S = 90.0  # simulated seconds a weight update takes on each engine
@@ -116,9 +121,7 @@ async def test_external_mode_holds_the_queue_while_the_trainer_pauses_the_engine
     engine = cluster.engines[0]
     async with httpx.AsyncClient(timeout=120) as http:
         running = asyncio.create_task(one_request(http, gateway.url, False))
-        async with asyncio.timeout(30):
-            while not any(r.completion_tokens > 100 for r in engine.model.requests()):  # noqa: ASYNC110
-                await asyncio.sleep(0.02)  # the simulator has no event to wait on; its state is read in place
+        await wait_until(lambda: any(r.completion_tokens > 100 for r in engine.model.requests()))
         closed = await http.post(f"{gateway.url}/admin/pause", json={"mode": "external"})
         assert closed.status_code == 200 and closed.json()["mode"] == "external"
         assert not engine.state(include_requests=False)["paused"]  # the gateway sent the engine nothing
@@ -147,12 +150,12 @@ async def gateway_update_in_external_mode(url: str) -> httpx.Response:
 
 
 async def watch_serving(cluster: Any, update: asyncio.Task[httpx.Response]) -> list[bool]:
-    """Sample, while the update runs, whether some engine is neither paused nor updating."""
+    """Sample, every simulated second while the update runs, whether some engine is neither paused nor updating."""
     samples = []
     while not update.done():
         states = [e.state(include_requests=False) for e in cluster.engines]
         samples.append(any(not s["paused"] and not s["updating_weights"] for s in states))
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(1 / SCALE)
     return samples
 
 

@@ -23,6 +23,11 @@ from tests.server.users_path import (
     quarantines,
     run_request_a,
 )
+from tests.sim.helpers import wait_until
+
+# the simulated engines and the gateway run on the loop's time, at SCALE: on a fake-time loop their minutes
+# pass when the loop is idle, with no real time spent waiting
+pytestmark = pytest.mark.looptime
 
 SCALE = 50.0
 
@@ -80,11 +85,7 @@ async def test_requests_on_a_frozen_engine_finish_on_another(
         asyncio.create_task(http.post(f"{gateway.url}/v1/chat/completions", json=body)) for _ in range(8)
     ]
     frozen = cluster.engines[0]
-    for _ in range(2000):  # let work start on both engines (bounded: 10 s), then freeze one
-        if frozen.running_count:
-            break
-        await asyncio.sleep(0.005)
-    assert frozen.running_count, "no request started on the engine to freeze"
+    await wait_until(lambda: frozen.running_count > 0, "a request started on the engine to freeze")
     frozen.set_fault(Fault(kind="freeze"))
     responses = await asyncio.gather(*tasks)
     assert [r.status_code for r in responses] == [200] * 8

@@ -23,6 +23,7 @@ from rolloutgate.sessions.registry import SessionLimits, SessionRegistry
 from rolloutgate.sessions.render import ChatRenderer
 from rolloutgate.sessions.service import SessionAnswer, SessionCall, SessionService
 from rolloutgate.sessions.testing import WEATHER_TOOL, ScriptedGenerate
+from tests.sim.helpers import wait_until
 
 TOOL_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
@@ -261,6 +262,7 @@ KEEPALIVE_S = 0.05  # the harness' keep-alive interval
 COMMITTED_AFTER_S = 0.5  # ten intervals: the 200 is committed by keep-alive before the turn fails
 
 
+@pytest.mark.looptime
 @pytest.mark.parametrize("client", ["openai", "litellm"])
 async def test_a_turn_that_fails_after_keepalive_starts_no_second_generation(
     harness: tuple[Harness, Switchable], client: str
@@ -346,16 +348,13 @@ async def test_an_injected_proxy_handler_serves_other_paths(renderer: ChatRender
         await server.close()
 
 
+@pytest.mark.looptime
 async def test_the_sweeper_evicts_idle_sessions(renderer: ChatRenderer) -> None:
     h, server, _ = await start(renderer, ["x"], sweep_interval_s=0.01)
     try:
         sid = await h.new_session()
         h.clock.advance(61)
-        for _ in range(500):  # bounded: the sweeper runs every 10 ms
-            if len(h.service.registry) == 0:
-                break
-            await asyncio.sleep(0.01)
-        assert len(h.service.registry) == 0
+        await wait_until(lambda: len(h.service.registry) == 0, "the sweeper ran")  # every 10 ms
         assert h.service.registry.stats().evicted_idle_ttl_total == 1
         async with h.http.get(f"{h.url}/sessions/{sid}") as response:
             assert response.status == 410
@@ -406,6 +405,7 @@ async def test_an_engine_error_after_keepalive_reaches_a_streaming_sdk(
     assert h.service.registry.stats().records == 0
 
 
+@pytest.mark.looptime
 async def test_a_client_that_leaves_cancels_its_turn(harness: tuple[Harness, Switchable]) -> None:
     h, dispatcher = harness
     sid = await h.new_session()
@@ -420,8 +420,6 @@ async def test_a_client_that_leaves_cancels_its_turn(harness: tuple[Harness, Swi
     with pytest.raises(asyncio.CancelledError):
         await task
     stats = h.service.registry.stats
-    for _ in range(300):  # bounded: the handler checks its client every second
-        if stats().turns_abandoned_total:
-            break
-        await asyncio.sleep(0.01)
+    # the handler checks its client every second (fake seconds: no real time passes)
+    await wait_until(lambda: stats().turns_abandoned_total > 0, "the handler saw its client leave")
     assert (stats().turns_abandoned_total, stats().turns_in_flight, stats().records) == (1, 0, 0)

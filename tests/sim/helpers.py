@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -30,12 +32,28 @@ async def read_sse(response: aiohttp.ClientResponse) -> list[Any]:
     return events
 
 
-async def wait_for(predicate: Any, *, timeout_s: float = 10.0, every_s: float = 0.005) -> None:
-    """Poll `predicate()` until true (bounded): engine state has no event to wait on from outside."""
-    async with asyncio.timeout(timeout_s):
-        while not predicate():  # noqa: ASYNC110
-            await asyncio.sleep(every_s)
+async def wait_until(
+    predicate: Callable[[], bool | Awaitable[bool]],
+    what: str = "",
+    *,
+    timeout_s: float = 10.0,
+    every_s: float = 0.005,
+) -> None:
+    """Poll `predicate()` (sync, or async for a state read over HTTP) until true, bounded by `timeout_s` seconds
+    of the loop's time: what it waits on (engine or gateway state) has no event to wait on from outside. On a
+    fake-time loop (`@pytest.mark.looptime`) the polls cost no real time and the bound is fake seconds too."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                result = predicate()
+                if inspect.isawaitable(result):
+                    result = await result
+                if result:
+                    return
+                await asyncio.sleep(every_s)
+    except TimeoutError:
+        raise AssertionError(f"{what or predicate}: not reached in {timeout_s} s") from None
 
 
 async def wait_running(engine: SimEngine, count: int = 1) -> None:
-    await wait_for(lambda: engine.running_count >= count)
+    await wait_until(lambda: engine.running_count >= count)

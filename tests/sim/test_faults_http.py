@@ -11,9 +11,14 @@ from rolloutgate.sim import Fault
 from rolloutgate.sim.faults import parse_fault_flag
 
 from .conftest import ClusterFactory
-from .helpers import post_json, read_sse, wait_for, wait_running
+from .helpers import post_json, read_sse, wait_running, wait_until
 
 SCALE = 50.0
+
+# the simulator runs on the loop's time (x SCALE): on a fake-time loop its seconds pass when the loop is idle, so
+# "nothing happened" is checked long after it would have happened (LONG_AFTER_S), at no real cost
+pytestmark = pytest.mark.looptime
+LONG_AFTER_S = 60.0  # simulated seconds: a few-token call, were it let through, is answered in well under one
 
 
 async def fault(session: aiohttp.ClientSession, url: str, body: dict[str, object]) -> list[dict[str, object]]:
@@ -37,7 +42,7 @@ async def test_freeze_keeps_connections_open_without_progress(
         req = engine.request("f")
         assert req is not None
         made = req.completion_tokens
-        await asyncio.sleep(0.2)  # 10 simulated seconds
+        await asyncio.sleep(LONG_AFTER_S / SCALE)  # 400 tokens take ~4 s
         assert req.completion_tokens == made and not req.is_finished
         async with session.get(url + "/sim/state") as state:
             snapshot = await state.json()
@@ -141,8 +146,8 @@ async def test_blackhole_accepts_and_never_starts(
             session, url + "/generate", {"text": "a", "rid": "h", "sampling_params": {"max_new_tokens": 3}}
         )
     )
-    await wait_for(lambda: engine.waiting_count == 1)
-    await asyncio.sleep(0.1)
+    await wait_until(lambda: engine.waiting_count == 1)
+    await asyncio.sleep(LONG_AFTER_S / SCALE)
     req = engine.request("h")
     assert req is not None and req.started_at is None and not hole.done()
     async with session.delete(url + "/sim/faults") as response:
@@ -179,7 +184,7 @@ async def test_state_lists_counts_and_requests(
     )
     await wait_running(engine)
     b = asyncio.create_task(post_json(session, url + "/generate", {"text": "b", "rid": "b"}))
-    await wait_for(lambda: engine.waiting_count == 1)
+    await wait_until(lambda: engine.waiting_count == 1)
     async with session.get(url + "/sim/state") as response:
         state = await response.json()
     assert state["running"] == 1 and state["waiting"] == 1 and state["generated_tokens_total"] > 0

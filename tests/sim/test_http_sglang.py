@@ -12,9 +12,14 @@ import pytest
 from rolloutgate.sim import tokens
 
 from .conftest import ClusterFactory
-from .helpers import post_json, read_sse, wait_for, wait_running
+from .helpers import post_json, read_sse, wait_running, wait_until
 
 SCALE = 50.0
+
+# the simulator runs on the loop's time (x SCALE): on a fake-time loop its seconds pass when the loop is idle, so
+# "nothing happened" is checked long after it would have happened (LONG_AFTER_S), at no real cost
+pytestmark = pytest.mark.looptime
+LONG_AFTER_S = 60.0  # simulated seconds: a few-token call, were it let through, is answered in well under one
 
 
 async def test_generate_text_non_streaming_shape(
@@ -207,8 +212,8 @@ async def test_chat_streaming_sends_headers_only_at_first_token(
     # /generate streaming answers with headers at once, even while its request is queued
     async with session.post(cluster.urls[0] + "/generate", json={"text": "y", "stream": True}) as queued:
         assert queued.status == 200
-        await wait_for(lambda: engine.waiting_count == 2)
-        await asyncio.sleep(0.1)
+        await wait_until(lambda: engine.waiting_count == 2)
+        await asyncio.sleep(LONG_AFTER_S / SCALE)
         assert not pending.done()  # the chat stream is queued too: no status line yet
         engine.clear_faults()
         response = await asyncio.wait_for(pending, 10)
@@ -270,7 +275,7 @@ async def test_abort_request_messages_prefix_and_abort_all(
     waiting = asyncio.create_task(
         post_json(session, gen, {"text": "b", "rid": "job-2", "sampling_params": {"max_new_tokens": 5}})
     )
-    await wait_for(lambda: engine.waiting_count == 1)
+    await wait_until(lambda: engine.waiting_count == 1)
     # a rid that is not live is ignored, even if it prefixes live ones (SGLang checks the exact rid first)
     assert (await post_json(session, url + "/abort_request", {"rid": "job-"}))[0] == 200
     assert engine.running_count == 1 and engine.waiting_count == 1
@@ -292,7 +297,7 @@ async def test_abort_request_messages_prefix_and_abort_all(
     )
     await wait_running(engine)
     queued = asyncio.create_task(post_json(session, gen, {"text": "d", "rid": "x2"}))
-    await wait_for(lambda: engine.waiting_count == 1)
+    await wait_until(lambda: engine.waiting_count == 1)
     await post_json(session, url + "/abort_request", {"abort_all": True})
     meta = (await queued)[1]["meta_info"]
     assert meta["finish_reason"] == {"type": "abort", "message": "Abort in waiting queue"}
@@ -321,7 +326,7 @@ async def test_pause_abort_then_new_requests_wait_until_continue(
     late = asyncio.create_task(
         post_json(session, url + "/generate", {"text": "b", "sampling_params": {"max_new_tokens": 3}})
     )
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(LONG_AFTER_S / SCALE)
     assert not late.done() and engine.waiting_count == 0  # blocked before the scheduler, no 503
     status, body = await post_json(session, url + "/continue_generation", {})
     assert body == {"message": "Generation continued successfully.", "status": "ok"}
@@ -341,12 +346,12 @@ async def test_pause_retract_and_in_place_keep_requests_open(
             {"text": "a", "rid": "keep", "sampling_params": {"max_new_tokens": 300}},
         )
     )
-    await wait_for(lambda: (r := engine.request("keep")) is not None and r.completion_tokens > 5)
+    await wait_until(lambda: (r := engine.request("keep")) is not None and r.completion_tokens > 5)
     await post_json(session, url + "/pause_generation", {"mode": mode})
     frozen = engine.request("keep")
     assert frozen is not None
     made = frozen.completion_tokens
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(LONG_AFTER_S / SCALE)  # 300 tokens take ~3 s
     assert not inflight.done() and frozen.completion_tokens == made
     await post_json(session, url + "/continue_generation", {})
     status, body = await inflight
@@ -472,7 +477,7 @@ async def test_sglang_aborts_a_disconnected_request_after_a_lag(
     await wait_running(engine)
     task.cancel()
     disconnected_at = engine.now()
-    await wait_for(lambda: (r := engine.request("gone")) is not None and r.is_finished)
+    await wait_until(lambda: (r := engine.request("gone")) is not None and r.is_finished)
     req = engine.request("gone")
     assert req is not None and req.finished_at is not None and req.finish is not None
     assert req.finish.kind == "abort"

@@ -8,9 +8,14 @@ import aiohttp
 import pytest
 
 from .conftest import ClusterFactory
-from .helpers import post_json, read_sse, wait_for, wait_running
+from .helpers import post_json, read_sse, wait_running, wait_until
 
 SCALE = 50.0
+
+# the simulator runs on the loop's time (x SCALE): on a fake-time loop its seconds pass when the loop is idle, so
+# "nothing happened" is checked long after it would have happened (LONG_AFTER_S), at no real cost
+pytestmark = pytest.mark.looptime
+LONG_AFTER_S = 60.0  # simulated seconds: a few-token call, were it let through, is answered in well under one
 CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "hello"}]}
 
 
@@ -99,7 +104,7 @@ async def test_vllm_aborts_at_once_on_client_disconnect(
     await wait_running(engine)
     task.cancel()
     gone_at = engine.now()
-    await wait_for(lambda: (r := engine.request("bye")) is not None and r.is_finished)
+    await wait_until(lambda: (r := engine.request("bye")) is not None and r.is_finished)
     req = engine.request("bye")
     assert req is not None and req.finished_at is not None and req.finish is not None
     assert req.finish.kind == "abort"
@@ -115,7 +120,7 @@ async def test_pause_abort_holds_new_requests_until_resume(
     async with session.post(url + "/pause?mode=abort") as response:
         assert await response.json() == {"status": "paused"}
     held = asyncio.create_task(post_json(session, url + "/v1/completions", {"prompt": "b", "max_tokens": 2}))
-    await wait_for(lambda: engine.waiting_count == 1)
+    await wait_until(lambda: engine.waiting_count == 1)
     assert not held.done()
     async with session.post(url + "/resume") as response:
         assert await response.json() == {"status": "resumed"}
@@ -156,7 +161,7 @@ async def test_pause_wait_drains_before_answering(
     )
     await wait_running(engine)
     pause = asyncio.create_task(session.post(url + "/pause?mode=wait"))
-    await wait_for(lambda: engine.paused)
+    await wait_until(lambda: engine.paused)
     status, _ = await post_json(session, url + "/v1/completions", {"prompt": "b", "max_tokens": 2})
     assert status == 503
     response = await pause
@@ -178,8 +183,8 @@ async def test_pause_keep_queues_new_requests_until_resume(
     async with session.post(url + "/pause?mode=keep"):
         pass
     late = asyncio.create_task(post_json(session, url + "/v1/completions", {"prompt": "b", "max_tokens": 3}))
-    await wait_for(lambda: engine.waiting_count == 1)
-    await asyncio.sleep(0.1)
+    await wait_until(lambda: engine.waiting_count == 1)
+    await asyncio.sleep(LONG_AFTER_S / SCALE)
     assert not late.done()
     async with session.post(url + "/resume"):
         pass

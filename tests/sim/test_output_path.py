@@ -18,7 +18,7 @@ from rolloutgate.sim.http_common import DONE
 from rolloutgate.sim.output_path import OutputPath, token_ready_at
 
 from .conftest import ClusterFactory
-from .helpers import wait_for
+from .helpers import wait_until
 
 SCALE = 50.0
 OUTPUT_METRICS = ("sim:output_bytes_total", "sim:output_chunks_total", "sim:output_busy_seconds_total")
@@ -229,7 +229,7 @@ async def _flood_and_probe(
     engine.set_fault("blackhole")
     flood = [asyncio.create_task(one(i, 100, stream)) for i in range(8)]
     probe_task = asyncio.create_task(one(99, 20, False))
-    await wait_for(lambda: engine.waiting_count == 9)
+    await wait_until(lambda: engine.waiting_count == 9)
     engine.clear_faults()
     probe = orjson.loads(await probe_task)
     async with session.get(url + "/health") as response:
@@ -332,7 +332,7 @@ async def test_vllm_streams_load_the_output_path_too(
     engine.set_fault("blackhole")
     flood = [asyncio.create_task(one(i, 100, True)) for i in range(8)]
     probe = asyncio.create_task(one(99, 20, False))
-    await wait_for(lambda: engine.waiting_count == 9)
+    await wait_until(lambda: engine.waiting_count == 9)
     engine.clear_faults()
     await asyncio.gather(probe, *flood)
     record = engine.state(rid="v99")["request"]

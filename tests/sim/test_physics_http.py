@@ -11,7 +11,7 @@ import aiohttp
 from rolloutgate.sim.profiles import decode_step_s, make_config, prefill_chunk_s
 
 from .conftest import ClusterFactory
-from .helpers import post_json, wait_for
+from .helpers import post_json, wait_until
 
 INCIDENT = make_config("incident")
 
@@ -52,7 +52,7 @@ async def test_a_100k_prefill_takes_30_to_40_s_and_starves_a_running_request(
             {"input_ids": list(range(3, 1003)), "rid": "A", "sampling_params": {"max_new_tokens": 20_000}},
         )
     )
-    await wait_for(lambda: (r := cluster.engines[0].request("A")) is not None and r.completion_tokens > 50)
+    await wait_until(lambda: (r := cluster.engines[0].request("A")) is not None and r.completion_tokens > 50)
     status, b = await post_json(
         session,
         url + "/generate",
@@ -107,13 +107,13 @@ async def test_abort_frees_a_slot_for_the_next_request(
             {"text": "a", "rid": "long", "sampling_params": {"max_new_tokens": 20_000}},
         )
     )
-    await wait_for(lambda: engine.running_count == 1)
+    await wait_until(lambda: engine.running_count == 1)
     queued = asyncio.create_task(
         post_json(
             session, url + "/generate", {"text": "b", "rid": "next", "sampling_params": {"max_new_tokens": 5}}
         )
     )
-    await wait_for(lambda: engine.waiting_count == 1)
+    await wait_until(lambda: engine.waiting_count == 1)
     await post_json(session, url + "/abort_request", {"rid": "long"})
     status, body = await queued
     assert status == 200 and body["meta_info"]["completion_tokens"] == 5

@@ -17,12 +17,7 @@ Module map:
     liveness                          per-engine hung detection with a prefill allowance
     gate                              the weight-update gate
     request_state, engine_state       enums + transition tables
-    request_record, engine_record     the per-request and per-engine records
+    records                           the per-request and per-engine records (they point at each other)
     timer_heap                        keyed lazy-deletion deadlines
     attach                            retry attachment index (attach keys -> request ids, TTL + LRU)
 """
-
-from rolloutgate.core._native import compiled_first
-
-# The compiled core first when `make native` built it from these sources (_native.py); else the modules here.
-__path__ = compiled_first(__path__)

@@ -192,6 +192,6 @@ class EngineSlots:
 
     def __repr__(self) -> str:
         return (
-            f"<EngineSlots [{self.in_flight}/{self.capacity:g} in flight, "  # float: 2.0 compiled (_native.py)
+            f"<EngineSlots [{self.in_flight}/{self.capacity:g} in flight, "  # float: 2.0 compiled (setup.py)
             f"{self.prefill_tokens} prefill tokens]>"
         )

@@ -42,10 +42,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 
-from rolloutgate.core.engine_record import EngineRecord
 from rolloutgate.core.placement import EngineView, PlacementPolicy, PlacementRequest, is_within_bound
 from rolloutgate.core.placement.base import eligible
-from rolloutgate.core.request_record import RequestRecord
+from rolloutgate.core.records import EngineRecord, RequestRecord
 from rolloutgate.core.session_table import SessionTable
 from rolloutgate.core.wait_queue import SHARED, Lane, WaitQueue
 

@@ -58,7 +58,6 @@ from rolloutgate.core.commands import (
     FailReason,
 )
 from rolloutgate.core.config import GatewayCoreConfig
-from rolloutgate.core.engine_record import EngineRecord
 from rolloutgate.core.engine_state import EngineState
 from rolloutgate.core.events import (
     ClientAttached,
@@ -80,8 +79,8 @@ from rolloutgate.core.events import (
     UpstreamFinished,
 )
 from rolloutgate.core.ledger import CHARGE_CLASSES, GatewayLedger, TimerKind
+from rolloutgate.core.records import EngineRecord, RequestRecord
 from rolloutgate.core.request_clock import EPSILON_S, ChargeClass
-from rolloutgate.core.request_record import RequestRecord
 from rolloutgate.core.request_state import RequestState
 from rolloutgate.core.stats import EngineStats, GatewayStats
 from rolloutgate.core.timing import TimingBreakdown

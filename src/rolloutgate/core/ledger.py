@@ -23,14 +23,13 @@ import math
 from rolloutgate.core.commands import Abort, AbortReason, Command, Dispatch, Fail, FailReason, MarkEngine
 from rolloutgate.core.config import GatewayCoreConfig
 from rolloutgate.core.dispatcher import Dispatcher
-from rolloutgate.core.engine_record import EngineRecord
 from rolloutgate.core.engine_state import EngineState, transition
 from rolloutgate.core.events import ClockMode
 from rolloutgate.core.gate import Gate
 from rolloutgate.core.liveness import prefill_allowance_s
 from rolloutgate.core.placement import make_policy
+from rolloutgate.core.records import FRONT_TIER, NO_ENGINES, EngineRecord, RequestRecord
 from rolloutgate.core.request_clock import ChargeClass, ChargeMeter
-from rolloutgate.core.request_record import FRONT_TIER, NO_ENGINES, RequestRecord
 from rolloutgate.core.request_state import RequestState
 from rolloutgate.core.session_table import SessionTable
 from rolloutgate.core.timer_heap import TimerHeap

@@ -1,4 +1,1 @@
-from rolloutgate.core._native import compiled_first
-
-# The compiled assemble and progress first when `make native` built them from these sources (core/_native.py).
-__path__ = compiled_first(__path__)
+"""The edge's engine adapters: one module per engine family, the upstream HTTP client, answer assembly."""

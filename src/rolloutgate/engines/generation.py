@@ -34,14 +34,15 @@ from rolloutgate.engines.base import (
 )
 from rolloutgate.engines.http import (
     DONE,
+    DRAIN_AFTER_DONE_S,
+    MAX_ERROR_BODY,
     SseParser,
     check_json_object,
-    drain_after_done,
     generation_headers,
     is_error_frame,
     map_exceptions,
     raise_for_error_frame,
-    raise_for_status,
+    status_error,
 )
 from rolloutgate.engines.progress import (
     ChunkCounter,
@@ -49,7 +50,7 @@ from rolloutgate.engines.progress import (
     last_finish_reason_of,
     whole_body_tokens,
 )
-from rolloutgate.engines.upstream import UpstreamPool, UpstreamResponse
+from rolloutgate.engines.upstream import UpstreamAnswer, UpstreamPool
 
 __all__ = (
     "EndSink",
@@ -147,7 +148,7 @@ async def push_generation(
 
 
 async def finish_answer(
-    resp: UpstreamResponse, what: str, sink: SsePush, decoder: EventDecoder, on_events: EventSink
+    resp: UpstreamAnswer, what: str, sink: SsePush, decoder: EventDecoder, on_events: EventSink
 ) -> None:
     """Everything of a pushed call after its headers: the push (unless the pool already pushed the whole
     stream), the drain after `[DONE]`, the verdict on a stream that ended without it; a whole JSON body or an
@@ -155,7 +156,8 @@ async def finish_answer(
     if resp.pushed:
         resp.stop_push()
     else:
-        await raise_for_status(resp, what=what)
+        if resp.status >= 300:
+            raise status_error(resp.status, await resp.read(MAX_ERROR_BODY), what=what)
         if resp.content_type != "text/event-stream":
             on_events([whole_body_event(await resp.read(), hint=decoder.hint)])
             return
@@ -164,7 +166,7 @@ async def finish_answer(
         finally:
             resp.stop_push()
     if sink.saw_done:
-        await drain_after_done(resp)  # normally only the chunked terminator, often already read
+        await resp.drain(DRAIN_AFTER_DONE_S)  # normally only the chunked terminator, often already read
         return
     if sink.stopped:
         resp.close()

@@ -16,7 +16,6 @@ Theory of operation:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from collections.abc import Mapping
@@ -37,11 +36,11 @@ __all__ = (
     "DONE",
     "DRAIN_AFTER_DONE_S",
     "JSON_HEADERS",
+    "MAX_ERROR_BODY",
     "ControlTimeouts",
     "SseParser",
     "as_upstream_error",
     "check_json_object",
-    "drain_after_done",
     "fetch_models",
     "generation_headers",
     "get_json",
@@ -61,7 +60,7 @@ log = logging.getLogger(__name__)
 
 DONE = b"[DONE]"
 JSON_HEADERS = {"Content-Type": "application/json"}
-_MAX_ERROR_BODY = 64 * 1024
+MAX_ERROR_BODY = 64 * 1024
 DRAIN_AFTER_DONE_S = 1.0
 # One SSE event larger than this is a broken engine, not an answer: a cumulative /generate chunk of a 100K-token
 # output with every logprob is a few MB. Without a bound, a stream that never ends its event grows without end.
@@ -191,18 +190,6 @@ def _event_data(block: bytes) -> bytes | None:
     return b"\n".join(lines) if lines else None
 
 
-async def drain_after_done(resp: Any) -> None:
-    """Read what follows `[DONE]` (normally only the chunked-body terminator) so the connection is reused."""
-    if resp.content.at_eof():
-        return
-    try:
-        async with asyncio.timeout(DRAIN_AFTER_DONE_S):
-            while await resp.content.readany():
-                pass
-    except (TimeoutError, aiohttp.ClientError, OSError, UpstreamProtocolError):
-        resp.close()  # not reusable; a fresh connection is opened next time
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Errors
 
@@ -284,7 +271,7 @@ def _error_message(body: bytes) -> str:
 async def raise_for_status(resp: Any, *, what: str) -> None:
     """Raise the UpstreamError of a non-2xx answer (an aiohttp response or the lean pool's)."""
     if resp.status >= 300:
-        body = await resp.content.read(_MAX_ERROR_BODY)
+        body = await resp.content.read(MAX_ERROR_BODY)
         raise status_error(resp.status, body, what=what)
 
 

@@ -13,7 +13,7 @@ inside the socket read that settled the push, so the driver may reuse the connec
 
 - the stream reached `[DONE]`: `on_end(None)`; the connection goes back to its pool once its answer ended
   (the chunked terminator usually comes in the same read; otherwise it is drained, for at most
-  `DRAIN_AFTER_DONE_S`, as `drain_after_done` does);
+  `DRAIN_AFTER_DONE_S`);
 - the sink stopped it (its exchange ended, or a newer attempt runs): the connection is closed, `on_end(None)`
   (the driver ignores what a stale attempt reports);
 - a failure (connection lost, an error event, an unreadable answer, a stream that ended before `[DONE]`):
@@ -46,7 +46,7 @@ from rolloutgate.engines.http import (
     generation_headers,
     map_exceptions,
 )
-from rolloutgate.engines.upstream import UpstreamPool, UpstreamResponse
+from rolloutgate.engines.upstream import UpstreamAnswer, UpstreamPool
 from rolloutgate.engines.upstream_wire import UpstreamConnection
 
 __all__ = ("PushedGeneration", "start_generation", "start_push_generation")
@@ -194,7 +194,7 @@ class PushedGeneration:
             self._end(None, close=False)
             return
         # The chunked terminator is still to come: the answer is complete, the connection is reused once
-        # it is drained (within `DRAIN_AFTER_DONE_S`, else closed), as `drain_after_done` does.
+        # it is drained (within `DRAIN_AFTER_DONE_S`, else closed).
         self._report(None)
         drained = connection.start_push(_discard)
         timer = asyncio.get_running_loop().call_later(DRAIN_AFTER_DONE_S, connection.close)
@@ -205,12 +205,12 @@ class PushedGeneration:
         self._release(ok=future.exception() is None)
 
     async def _finish(self, connection: UpstreamConnection) -> None:
-        response = UpstreamResponse(connection)
+        answer = UpstreamAnswer(connection)
         sink, decoder, on_events = self._sink, self._decoder, self._on_events
         assert sink is not None and decoder is not None and on_events is not None  # not reported yet
         try:
             with map_exceptions(self._what):
-                await finish_answer(response, self._what, sink, decoder, on_events)
+                await finish_answer(answer, self._what, sink, decoder, on_events)
         except UpstreamError as error:
             self._end(error, close=True)
             return

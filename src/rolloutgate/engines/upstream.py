@@ -7,17 +7,16 @@ generation needs none of it: JSON bytes out to a known engine, a plain or chunke
 POSTs go through this module, everything else (probes, health, load, abort, control) stays on aiohttp.
 
 - `UpstreamPool` (one per engine) keeps idle keep-alive connections; `pool.post(path, body, headers)` is an
-  async context manager yielding an `UpstreamResponse` once the status line and headers are in (with
-  `push_to=sink`, a 200 event stream's body goes to the sink first, and the response comes at its end).
+  async context manager yielding an `UpstreamAnswer` once the status line and headers are in (with
+  `push_to=sink`, a 200 event stream's body goes to the sink first, and the answer comes at its end).
   Leaving it after the body was read to its end returns the connection to the pool; leaving it any other way
   (an error, cancellation, a body not read to its end) closes the connection, which is how an engine learns
   that its client went away (vLLM aborts the generation then). An idle connection is reused only while it is
   younger than `_MAX_IDLE_S`, below the engines' own keep-alive limit.
 - The connection itself (protocol, parser, pull or push delivery of the body) is engines/upstream_wire.py.
-- `UpstreamResponse` duck-types the part of `aiohttp.ClientResponse` that engines/http.py uses (`status`,
-  `content_type`, `read()`, `close()`, and `content.iter_any()`, `readany()`, `read(n)`, `at_eof()`), so the
-  SSE reader, the status check and the drain after `[DONE]` serve both clients unchanged; `start_push(sink)`
-  hands the body to a callback as it arrives (engines/generation.py).
+- `UpstreamAnswer` is what a generation reads of the answer: `status`, `content_type` (the media type), the
+  body read (`read`, `readany`, `drain`) or pushed to a callback as it arrives (`start_push`,
+  engines/generation.py), and `close()`.
 
 Errors: those of upstream_wire.py, and TimeoutError (the connect phase took longer than `connect_timeout`).
 """
@@ -40,11 +39,11 @@ from rolloutgate.engines.upstream_wire import (
 )
 
 __all__ = (
+    "UpstreamAnswer",
     "UpstreamConnectError",
     "UpstreamDisconnected",
     "UpstreamPool",
     "UpstreamProtocolError",
-    "UpstreamResponse",
     "close_all_pools",
 )
 
@@ -57,52 +56,22 @@ _MAX_IDLE_S = 4.0
 _pools: weakref.WeakSet[UpstreamPool] = weakref.WeakSet()
 
 
-class _BodyIterator:
-    __slots__ = ("_connection",)
+class UpstreamAnswer:
+    """The engine's answer to one `UpstreamPool.post`: its status and media type, and its body as it arrives.
+    `pushed`: the whole body already went to the post's `push_to` sink (a 200 event stream); call
+    `stop_push()` then."""
 
-    def __init__(self, connection: UpstreamConnection) -> None:
-        self._connection = connection
-
-    def __aiter__(self) -> _BodyIterator:
-        return self
-
-    async def __anext__(self) -> bytes:
-        piece = await self._connection.readany()
-        if not piece:
-            raise StopAsyncIteration
-        return piece
-
-
-class UpstreamResponse:
-    """The answer of one `UpstreamPool.post`: status, content type, and the body as it arrives. `pushed`: the
-    whole body already went to the post's `push_to` sink (a 200 event stream); call `stop_push()` then."""
-
-    __slots__ = ("_connection", "pushed", "status")
+    __slots__ = ("_connection", "content_type", "pushed", "status")
 
     def __init__(self, connection: UpstreamConnection, *, pushed: bool = False) -> None:
         self._connection = connection
         self.status = connection.status
+        self.content_type = connection.content_type  # lowercased, without parameters; "" without one
         self.pushed = pushed
 
-    @property
-    def content(self) -> UpstreamResponse:
-        return self  # aiohttp's `resp.content` stream: the same object here
-
-    @property
-    def content_type(self) -> str:
-        value = self._connection.content_type
-        if not value:
-            return "application/octet-stream"  # what aiohttp reports for an answer without one
-        return value.split(";", 1)[0].strip().lower()
-
-    def iter_any(self) -> _BodyIterator:
-        return _BodyIterator(self._connection)
-
     async def readany(self) -> bytes:
+        """The body bytes that came since the last call (waiting for some); b"" at the end of the body."""
         return await self._connection.readany()
-
-    def at_eof(self) -> bool:
-        return self._connection.is_body_done
 
     async def read(self, limit: int = -1) -> bytes:
         """The rest of the body, or at most `limit` bytes of it."""
@@ -116,6 +85,18 @@ class UpstreamResponse:
             size += len(piece)
         data = b"".join(parts)
         return data if limit < 0 else data[:limit]
+
+    async def drain(self, timeout_s: float) -> None:
+        """Read the rest of the body (after `[DONE]`: normally only the chunked terminator) so that the
+        connection can be reused; when that fails or takes longer than `timeout_s`, it is closed instead."""
+        if self._connection.is_body_done:
+            return  # the usual case: the terminator came with `[DONE]`
+        try:
+            async with asyncio.timeout(timeout_s):
+                while await self._connection.readany():
+                    pass
+        except (OSError, UpstreamProtocolError):  # TimeoutError and UpstreamDisconnected are OSErrors
+            self.close()
 
     def start_push(self, sink: BodySink) -> asyncio.Future[None]:
         """Hand the rest of the body to `sink` as it arrives, synchronously, from the reads of the socket.
@@ -145,7 +126,7 @@ class _Post:
         self._push_to = push_to
         self._connection: UpstreamConnection | None = None
 
-    async def __aenter__(self) -> UpstreamResponse:
+    async def __aenter__(self) -> UpstreamAnswer:
         connection = await self._pool._acquire(self._connect_timeout)
         self._connection = connection
         try:  # the request bytes are not kept for the answer's lifetime (a 100K-token prompt is ~0.7 MB)
@@ -154,7 +135,7 @@ class _Post:
             connection.stop_push()
             connection.close()
             raise
-        return UpstreamResponse(connection, pushed=pushed)
+        return UpstreamAnswer(connection, pushed=pushed)
 
     def _take_request(self) -> bytes:
         request, self._request = self._request, b""
@@ -199,7 +180,7 @@ class UpstreamPool:
         connect_timeout: float | None = None,
         push_to: BodySink | None = None,
     ) -> _Post:
-        """POST `body` (JSON) to `path`; an async context manager yielding the `UpstreamResponse` once the
+        """POST `body` (JSON) to `path`; an async context manager yielding the `UpstreamAnswer` once the
         headers are in, or with `push_to`, once a 200 event stream was pushed to it to its end (the response's
         `pushed`; its errors raise here; upstream_wire.py).
 

@@ -1,8 +1,15 @@
 """The wire side of the lean generation client (engines/upstream.py): one keep-alive HTTP/1.1 connection.
 
-Theory of operation: `UpstreamConnection` is an asyncio Protocol with a sans-IO parser in `data_received`:
-status line and headers, then the body as `Content-Length` bytes, `chunked` pieces, or bytes up to the close.
-The body goes one of two ways:
+Theory of operation: `UpstreamConnection` is an asyncio Protocol whose reads go to httptools' response
+parser (llhttp: C, strict RFC 9112 framing of the status line, headers, Content-Length, chunked bodies, the
+end of the answer and the keep-alive verdict); this module reacts to its callbacks and parses nothing.
+`on_headers_complete` takes the status, the media type and whether the connection may be reused
+(`should_keep_alive`: not after HTTP/1.0, `Connection: close` or a body delimited by the close), `on_body`
+the body pieces, `on_message_complete` the end. Checked here, as llhttp leaves them to its user: a transfer
+coding other than `chunked` (llhttp would read `chunked, gzip` to the close) or a content coding (none was
+asked for), a status below 100, an upgrade, a head over `_MAX_HEAD`, bytes after the answer (the connection
+is not reused then), and the end of a body with neither Content-Length nor Transfer-Encoding, which is the
+close (llhttp has no end-of-input call). The body goes one of two ways:
 
 - pulled (the default): pieces are queued as they arrive (a chunk split across reads is handed out in parts:
   the SSE parser takes any split) and `readany()` takes them all; reading is paused above `_HIGH_WATER`
@@ -14,44 +21,48 @@ The body goes one of two ways:
   done when the body ends, when the connection fails (its exception), when `sink` raises (that exception),
   or when `sink` returns False (stop: the caller closes the connection). `stop_push()` detaches the sink.
   `send(request, push_to=sink)` arms the push before the answer comes: when its head says 200 and
-  `text/event-stream`, the push starts in the read that brought the head, and `send` returns only when the
-  push settles (True). The caller's task then wakes once per answer instead of twice (headers, then body),
-  ~3% of the gateway's CPU per request at 32 connections (docs/benchmarks.md). Any other head is returned
-  as without it (False), for the caller to read as it would.
+  `text/event-stream`, the push starts at the end of the read that brought the head, with that read's body,
+  and `send` returns only when the push settles (True). The caller's task then wakes once per answer instead
+  of twice (headers, then body), ~3% of the gateway's CPU per request at 32 connections (docs/benchmarks.md).
+  Any other head, and a stream that ended in that read without a byte of body, is returned as without it
+  (False), for the caller to read as it would.
 
 Errors (mapped to UpstreamError by `engines.http.map_exceptions`, with the same messages as aiohttp's):
 `UpstreamConnectError` (no connection could be made: the engine is unreachable), `UpstreamDisconnected` (the
-connection closed before the answer ended), `UpstreamProtocolError` (not an HTTP answer we can read).
+connection closed before the answer ended), `UpstreamProtocolError` (not an HTTP answer we can read: every
+`httptools.HttpParserError`, as "unreadable HTTP answer: <llhttp's reason>").
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import cast
+
+import httptools
 
 __all__ = (
     "BodySink",
-    "ParsedHead",
     "UpstreamConnectError",
     "UpstreamConnection",
     "UpstreamDisconnected",
     "UpstreamProtocolError",
-    "parse_head",
 )
 
 _HIGH_WATER = 256 * 1024  # queued body bytes above which the socket is not read
-_MAX_HEAD = 64 * 1024  # status line + headers
+_MAX_HEAD = 64 * 1024  # the reads that brought the status line and headers (llhttp has no limit)
 
-# the answer's headers this client reads (the others are not kept: they would cost memory per open stream)
-_KEPT_HEADERS = {
-    name.encode(): name
-    for name in ("content-type", "content-length", "transfer-encoding", "connection", "content-encoding")
+# the headers this client reads (the others are not kept: they would cost memory per open stream)
+_TYPE, _LENGTH, _TRANSFER, _CODING = range(4)
+_WATCHED = {
+    b"content-type": _TYPE,
+    b"content-length": _LENGTH,
+    b"transfer-encoding": _TRANSFER,
+    b"content-encoding": _CODING,
 }
 
-# parser states
-_IDLE, _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_EOF, _DONE = range(9)
+# states of the answer being read
+_IDLE, _HEAD, _BODY, _DONE = range(4)
 
 BodySink = Callable[[bytes], bool]  # a body piece -> keep going (False: stop)
 
@@ -68,61 +79,8 @@ class UpstreamProtocolError(Exception):
     """The engine's answer is not HTTP/1.x this client can read."""
 
 
-def _is_event_stream(content_type: str) -> bool:
-    return content_type.partition(";")[0].strip().lower() == "text/event-stream"
-
-
-class ParsedHead(NamedTuple):
-    """What this client reads of an answer's status line and headers."""
-
-    status: int
-    content_type: str  # as sent ("" without one)
-    is_event_stream: bool  # the content type is text/event-stream
-    keeps_alive: bool  # HTTP/1.1 and no `Connection: close`
-    framing: int  # how the body ends: _CHUNK_SIZE (chunked), _LENGTH, _DONE (no body) or _UNTIL_EOF
-    length: int  # the Content-Length with _LENGTH
-
-
-@functools.lru_cache(maxsize=64)
-def parse_head(head: bytes) -> ParsedHead | None:
-    """The status line and headers (`head`, without the blank line); None for an interim (1xx) answer.
-    Raises ValueError for a head this client cannot read.
-
-    Cached: an engine answers with the same head bytes but for its Date line (once a second) and, for
-    whole bodies, Content-Length; ~20 string operations per answer otherwise (docs/benchmarks.md)."""
-    lines = head.split(b"\r\n")
-    version, _, rest = lines[0].partition(b" ")
-    if not version.startswith(b"HTTP/1."):
-        raise ValueError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
-    status = int(rest[:3])
-    if 100 <= status < 200:
-        return None
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        name_text = _KEPT_HEADERS.get(name.strip().lower())
-        if name_text is None or not sep:
-            continue
-        text = value.strip().decode("latin-1")
-        headers[name_text] = f"{headers[name_text]}, {text}" if name_text in headers else text
-    encoding = headers.get("content-encoding", "identity").lower()
-    if encoding not in ("identity", ""):
-        raise ValueError(f"a {encoding}-encoded answer (no encoding was asked for)")
-    keeps_alive = version == b"HTTP/1.1" and "close" not in headers.get("connection", "").lower()
-    content_type = headers.get("content-type", "")
-    stream = _is_event_stream(content_type)
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        return ParsedHead(status, content_type, stream, keeps_alive, _CHUNK_SIZE, 0)
-    if "content-length" in headers:
-        length = int(headers["content-length"])
-        if length < 0:
-            raise ValueError("negative Content-Length")
-        return ParsedHead(status, content_type, stream, keeps_alive, _LENGTH, length)
-    if status in (204, 304):
-        return ParsedHead(status, content_type, stream, keeps_alive, _DONE, 0)
-    return ParsedHead(
-        status, content_type, stream, False, _UNTIL_EOF, 0
-    )  # delimited by the close: not reusable
+def _unreadable(reason: str) -> UpstreamProtocolError:
+    return UpstreamProtocolError(f"unreadable HTTP answer: {reason}")
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -130,15 +88,17 @@ class UpstreamConnection(asyncio.Protocol):
 
     __slots__ = (
         "_armed",
+        "_arming",
         "_buffered",
         "_drain_waiter",
         "_error",
+        "_framed",
+        "_head_size",
         "_head_waiter",
         "_is_paused",
+        "_parser",
         "_pieces",
         "_push_done",
-        "_raw",
-        "_remaining",
         "_sink",
         "_state",
         "_waiter",
@@ -153,9 +113,11 @@ class UpstreamConnection(asyncio.Protocol):
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
-        self._raw = bytearray()
+        # one parser for the connection's life: llhttp starts the next answer where a kept-alive one ended
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self._state = _IDLE
-        self._remaining = 0
+        self._framed = False  # the answer has Content-Length or Transfer-Encoding (else the close ends it)
+        self._head_size = 0
         # body bytes not read yet (a reader takes them all at once); pushing, those of this read not yet pushed
         self._pieces: list[bytes] = []
         self._buffered = 0
@@ -167,9 +129,10 @@ class UpstreamConnection(asyncio.Protocol):
         self._error: BaseException | None = None
         self._sink: BodySink | None = None  # push mode: body pieces go here as they arrive
         self._armed: BodySink | None = None  # the sink to push to if the head allows (`send(push_to=...)`)
+        self._arming: BodySink | None = None  # the head allowed it: the push starts at the end of this read
         self._push_done: asyncio.Future[None] | None = None
         self.status = 0
-        self.content_type = ""  # the answer's Content-Type header, as sent ("" without one)
+        self.content_type = ""  # the answer's media type, lowercased ("" without a Content-Type)
         self.is_closed = False
         self.is_reusable = True
         self.idle_since = 0.0  # loop time when it went back to its pool
@@ -177,21 +140,19 @@ class UpstreamConnection(asyncio.Protocol):
     # -- asyncio.Protocol ----------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.is_closed = True
         self.is_reusable = False
+        self._parser = None  # it holds this protocol's bound methods: no cycle outlives the connection
         state = self._state
-        if state == _UNTIL_EOF:
-            self._state = _DONE  # a body delimited by the close has ended
-        elif state not in (_IDLE, _DONE) and self._error is None:
-            detail = f": {exc}" if exc else ""
-            if state == _HEAD:
-                message = f"Server disconnected{detail}"
+        if state in (_HEAD, _BODY) and self._error is None:
+            if state == _BODY and not self._framed:
+                self._finish_body()  # a body delimited by the close has ended
             else:
-                message = f"Response payload is not completed{detail}"
-            self._error = UpstreamDisconnected(message)
+                what = "Server disconnected" if state == _HEAD else "Response payload is not completed"
+                self._error = UpstreamDisconnected(f"{what}: {exc}" if exc else what)
         self._wake()
         self._wake_head()
         self._settle_push(self._error)
@@ -209,140 +170,102 @@ class UpstreamConnection(asyncio.Protocol):
             waiter.set_result(None)
 
     def data_received(self, data: bytes) -> None:
-        if self._state in (_IDLE, _DONE):
+        parser = self._parser
+        if self._state in (_IDLE, _DONE) or parser is None:
             self.is_reusable = False  # bytes nobody asked for: this connection cannot be trusted again
             return
-        raw = self._raw
-        buffer: bytes | bytearray = data  # parsed in place when nothing is left over from the last read
-        if raw:
-            raw += data
-            buffer = raw
+        error: UpstreamProtocolError | None = None
         try:
-            consumed = self._parse(buffer)
-        except (ValueError, UnicodeDecodeError, IndexError) as exc:
-            self._fail(UpstreamProtocolError(f"unreadable HTTP answer: {exc}"))
-            return
-        if self._sink is not None and self._pieces:
+            parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            if not isinstance(exc.__context__, UpstreamProtocolError):
+                raise  # a bug in a callback, not the engine's answer
+            error = exc.__context__  # a callback refused the answer
+        except httptools.HttpParserUpgrade:
+            error = _unreadable("an upgrade nobody asked for")
+        except httptools.HttpParserError as exc:
+            error = _unreadable(str(exc))
+        if self._state == _HEAD:
+            self._head_size += len(data)
+            if self._head_size > _MAX_HEAD and error is None:
+                error = _unreadable("the status line and headers are too long")
+        arming = self._arming
+        if arming is not None:
+            self._arming = None
+            self._start_armed(arming)
+        elif self._sink is not None and self._pieces:
             self._push_read()
-        if buffer is raw:
-            del raw[:consumed]
-        elif consumed < len(data):
-            raw += data[consumed:]
-        if self._state == _DONE and raw:
-            self.is_reusable = False
+        if error is not None:
+            if self._state == _DONE:
+                self.is_reusable = False  # what came after the answer is not this client's to read
+            else:
+                self._fail(error)
 
     def eof_received(self) -> bool | None:
         return None  # let the transport close; connection_lost ends what was being read
 
-    # -- parsing ---------------------------------------------------------------------------------------------
+    # -- httptools' callbacks (inside `feed_data`; UpstreamProtocolError refuses the answer) ----------------
 
-    def _parse(self, raw: bytes | bytearray) -> int:
-        """Consume what `raw` holds; returns how many bytes were used."""
-        pos = 0
-        size = len(raw)
-        while pos < size:
-            state = self._state
-            if state == _HEAD:
-                end = raw.find(b"\r\n\r\n", pos)
-                if end < 0:
-                    if size - pos > _MAX_HEAD:
-                        raise ValueError("the status line and headers are too long")
-                    break
-                self._read_head(bytes(raw[pos:end]))
-                pos = end + 4
-            elif state in (_CHUNK_DATA, _LENGTH):
-                take = min(size - pos, self._remaining)
-                self._emit(bytes(raw[pos : pos + take]))
-                pos += take
-                self._remaining -= take
-                if self._remaining == 0:
-                    if state == _LENGTH:
-                        self._finish_body()
-                    else:
-                        self._state = _CHUNK_END
-            elif state == _CHUNK_SIZE:
-                end = raw.find(b"\r\n", pos)
-                if end < 0:
-                    if size - pos > 1024:
-                        raise ValueError("chunk size line too long")
-                    break
-                line = raw[pos:end]
-                extension = line.find(b";")
-                chunk_size = int(line if extension < 0 else line[:extension], 16)  # int() strips blanks
-                pos = end + 2
-                if chunk_size < 0:
-                    raise ValueError("negative chunk size")
-                if chunk_size == 0:
-                    self._state = _TRAILERS
-                elif raw[pos + chunk_size : pos + chunk_size + 2] == b"\r\n":
-                    # The whole chunk and its CRLF are in this read (the usual case): one step, not three.
-                    self._emit(bytes(raw[pos : pos + chunk_size]))
-                    pos += chunk_size + 2
-                else:
-                    self._remaining = chunk_size
-                    self._state = _CHUNK_DATA
-            elif state == _CHUNK_END:
-                if size - pos < 2:
-                    break
-                if raw[pos : pos + 2] != b"\r\n":
-                    raise ValueError("a chunk does not end with CRLF")
-                pos += 2
-                self._state = _CHUNK_SIZE
-            elif state == _TRAILERS:
-                end = raw.find(b"\r\n", pos)
-                if end < 0:
-                    break
-                is_last = end == pos
-                pos = end + 2
-                if is_last:
-                    self._finish_body()
-            elif state == _UNTIL_EOF:
-                self._emit(bytes(raw[pos:size]))
-                pos = size
-            else:  # _DONE, _IDLE: leftovers are dropped by the caller
-                break
-        return pos
+    def on_message_begin(self) -> None:
+        if self._state != _HEAD:
+            raise _unreadable("bytes after the answer")
+        self._framed = False
+        self.content_type = ""
 
-    def _read_head(self, head: bytes) -> None:
-        parsed = parse_head(head)
-        if parsed is None:
-            return  # an interim answer (100 Continue): the real one follows
-        self.status = parsed.status
-        # only the content type is kept (a dict per open stream is memory held for nothing)
-        self.content_type = parsed.content_type
-        if not parsed.keeps_alive:
-            self.is_reusable = False
-        self._state = parsed.framing
-        if parsed.framing == _LENGTH:
-            self._remaining = parsed.length
-            if parsed.length == 0:
-                self._finish_body()
-        elif parsed.framing == _DONE:
-            self._finish_body()  # 204, 304: no body
-        armed = self._armed
-        if armed is not None:
-            self._armed = None
-            pushable = parsed.status == 200 and self._state != _DONE and parsed.is_event_stream
-            if pushable and self._head_waiter is not None:
-                # The push starts here, with the body of this read; the waiter of `send` becomes the push's.
-                # (Not while `send` waits for its request to drain: it reads the head as without a sink then.)
-                self._sink = armed
-                self._push_done, self._head_waiter = self._head_waiter, None
+    def on_header(self, name: bytes, value: bytes) -> None:
+        kind = _WATCHED.get(name.lower())
+        if kind is None or self.status:  # not read, or a trailer (the head was complete)
+            return
+        if kind == _TYPE:
+            self.content_type = value.partition(b";")[0].strip().lower().decode("latin-1")
+            return
+        if kind != _CODING:
+            self._framed = True  # the length, or the chunks: llhttp checks them
+            if kind == _LENGTH:
                 return
+        coding = value.strip().lower()
+        if kind == _TRANSFER and coding != b"chunked":
+            raise _unreadable(f"Transfer-Encoding {coding.decode('latin-1')!r} (only chunked is read)")
+        if kind == _CODING and coding not in (b"identity", b""):
+            raise _unreadable(f"a {coding.decode('latin-1')}-encoded answer (no encoding was asked for)")
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        assert parser is not None  # called from its `feed_data`
+        status = parser.get_status_code()
+        if status < 200:
+            if status < 100:
+                raise _unreadable(f"status {status}")
+            return  # an interim answer (100 Continue): the real one follows
+        self.status = status
+        self._state = _BODY
+        if not parser.should_keep_alive():
+            self.is_reusable = False
+        armed, self._armed = self._armed, None
+        if (
+            armed is not None
+            and status == 200
+            and self.content_type == "text/event-stream"
+            and self._head_waiter is not None
+        ):  # (not while `send` waits for its request to drain: it reads the head as without a sink then)
+            self._arming = armed
+            return
         self._wake_head()
 
-    def _emit(self, piece: bytes) -> None:
-        if not piece:
-            return
-        if self._sink is not None:
-            self._pieces.append(piece)  # pushed together once the read is parsed (`_push_read`)
-            return
-        self._pieces.append(piece)
-        self._buffered += len(piece)
-        if self._buffered > _HIGH_WATER and not self._is_paused and self.transport is not None:
-            self._is_paused = True
-            self.transport.pause_reading()
-        self._wake()
+    def on_body(self, body: bytes) -> None:
+        self._pieces.append(body)  # pushed, the pieces of a read go over together at its end
+        if self._sink is None:
+            self._buffered += len(body)
+            if self._buffered > _HIGH_WATER and not self._is_paused and self.transport is not None:
+                self._is_paused = True
+                self.transport.pause_reading()
+            self._wake()
+
+    def on_message_complete(self) -> None:
+        if self.status:  # not the end of an interim answer
+            self._finish_body()
+
+    # -- the answer's end -----------------------------------------------------------------------------------
 
     def _finish_body(self) -> None:
         self._state = _DONE
@@ -373,6 +296,16 @@ class UpstreamConnection(asyncio.Protocol):
             self._head_waiter = None
             if not waiter.done():
                 waiter.set_result(None)
+
+    def _start_armed(self, sink: BodySink) -> None:
+        """The end of the read that brought a 200 event stream's head: the push starts with this read's body,
+        and the waiter of `send` becomes the push's; unless the stream already ended without a body."""
+        if self._pieces or self._state != _DONE:
+            waiter, self._head_waiter = self._head_waiter, None
+            assert waiter is not None  # checked with the head, in this read
+            self._begin_push(sink, waiter)
+        else:
+            self._wake_head()
 
     # -- the caller's side -----------------------------------------------------------------------------------
 
@@ -405,7 +338,7 @@ class UpstreamConnection(asyncio.Protocol):
                 raise UpstreamDisconnected("Server disconnected")
             waiter = self._head_waiter = loop.create_future()
             try:
-                await waiter  # the push's outcome when the head started one (`_read_head`)
+                await waiter  # the push's outcome when the head started one (`_start_armed`)
             finally:
                 self._head_waiter = None
                 self._armed = None
@@ -431,6 +364,7 @@ class UpstreamConnection(asyncio.Protocol):
     def _begin(self, request: bytes, push_to: BodySink | None) -> None:
         assert self.transport is not None
         self._state = _HEAD
+        self._head_size = 0
         self._pieces.clear()
         self._buffered = 0
         self._error = None
@@ -473,14 +407,14 @@ class UpstreamConnection(asyncio.Protocol):
         """Push mode (module docstring): the body pieces queued so far go to `sink` at once, later ones as
         they arrive. Returns the future that settles the push."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._begin_push(sink, done)
+        return done
+
+    def _begin_push(self, sink: BodySink, done: asyncio.Future[None]) -> None:
         self._push_done = done
         self._sink = sink
-        pieces = self._pieces
-        if pieces:
-            queued = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-            pieces.clear()
-            self._buffered = 0
-            self._deliver(queued)
+        if self._pieces:
+            self._push_read()
         if self._is_paused and self.transport is not None and not self.is_closed:
             self._is_paused = False  # a sink takes everything: nothing queues any more
             self.transport.resume_reading()
@@ -489,7 +423,6 @@ class UpstreamConnection(asyncio.Protocol):
                 self._settle_push(self._error)
             elif self._state == _DONE:
                 self._settle_push(None)
-        return done
 
     def stop_push(self) -> None:
         """Detach the sink; later body pieces queue for `readany()` again."""
@@ -497,10 +430,11 @@ class UpstreamConnection(asyncio.Protocol):
         self._push_done = None
 
     def _push_read(self) -> None:
-        """Hand the body pieces parsed from one read to the sink, in one piece."""
+        """Hand the body pieces queued (those of one read, or all before a push) to the sink, in one piece."""
         pieces = self._pieces
         piece = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         pieces.clear()
+        self._buffered = 0
         self._deliver(piece)
 
     def _deliver(self, piece: bytes) -> None:

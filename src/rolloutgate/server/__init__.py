@@ -1,4 +1,1 @@
-from rolloutgate.core._native import compiled_first
-
-# The compiled validate first when `make native` built them from these sources (core/_native.py).
-__path__ = compiled_first(__path__)
+"""The gateway's HTTP edge: the front server, the driver between it and the core, the engine pool, admin."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 
@@ -40,11 +41,15 @@ def check_worker_admin(request: web.Request, settings: GatewaySettings) -> None:
     `/flush_cache`). As any admin call, or from a trusted network; pause, update and every other admin call
     stay behind the token."""
     address = _remote_address(request)
-    if address is not None and any(
-        address in ipaddress.ip_network(network, strict=False) for network in settings.trusted_networks
-    ):
+    if address is not None and any(address in net for net in _parsed(tuple(settings.trusted_networks))):
         return
     check_admin(request, settings)
+
+
+@functools.cache
+def _parsed(networks: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """The settings' trusted networks, parsed once (the settings validated them)."""
+    return tuple(ipaddress.ip_network(network, strict=False) for network in networks)
 
 
 def check_admin(request: web.Request, settings: GatewaySettings) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from rolloutgate.compiled import describe_build
 from rolloutgate.config import GatewaySettings, load_settings
 
 __all__ = ("add_arguments", "run", "settings_table")
@@ -149,7 +150,7 @@ async def _serve(settings: object) -> None:
     url = await server.start()
     tune_gc()
     keep_large_buffers_returnable()
-    logging.getLogger("rolloutgate").info("rolloutgate serving on %s", url)
+    logging.getLogger("rolloutgate").info("rolloutgate serving on %s; %s", url, describe_build())
     print(f"rolloutgate serving on {url}", flush=True)
     stop = asyncio.Event()
 

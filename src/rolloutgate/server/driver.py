@@ -13,6 +13,12 @@ Commands:
 - Abort: close the upstream connection and call the engine's abort API with the attempt's upstream id.
 - Complete / Fail: put the terminal item into the exchange's outbox (the handler writes it).
 - MarkEngine: log the engine's new state (the core keeps it).
+
+Observers: `Driver.observers` are called with every verdict of the core, before its commands run:
+`observer(now, event, commands)` with the gateway time, the event the core was told (None for one of its own
+deadlines firing) and the commands it returned (often none). They only look (the benchmarks' replay records
+when a request arrived and when an engine was marked, bench/replay/gateway.py); with none registered the cost
+is one check per verdict. The way to watch the core: it is compiled by mypyc, its methods cannot be replaced.
 """
 
 from __future__ import annotations
@@ -56,9 +62,11 @@ from rolloutgate.server.exchange import Exchange, Finished
 from rolloutgate.server.metrics import Metrics
 from rolloutgate.server.pool import EnginePool
 
-__all__ = ("Driver", "upstream_id")
+__all__ = ("Driver", "Observer", "upstream_id")
 
 log = logging.getLogger("rolloutgate.driver")
+
+Observer = Callable[[float, Event | None, list[Command]], None]  # (gateway time, event or None, commands)
 
 
 def upstream_id(request_id: str, attempt: int, client_rid: str | None = None) -> str:
@@ -113,6 +121,7 @@ class Driver:
         self.abort_upstream = abort_upstream
         self.on_end: list[Callable[[Exchange, Finished | GatewayError], None]] = []
         self.on_forget: list[Callable[[Exchange], None]] = []  # abandoned: the client left for good
+        self.observers: list[Observer] = []  # every verdict of the core (module docstring)
         self._disconnected: set[str] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
@@ -135,6 +144,9 @@ class Driver:
         # (`_flush`): at 32 connections an iteration brings several arrivals, progress reports and ends on
         # the same engine, and recomputing an engine's deadlines was a tenth of the core's time per request.
         commands = self.core.handle(event, now, defer_deadlines=True)
+        if self.observers:
+            for observer in self.observers:
+                observer(now, event, commands)
         if not self._flush_soon:
             self._flush_soon = True
             asyncio.get_running_loop().call_soon(self._flush)
@@ -201,7 +213,11 @@ class Driver:
             self._timer.cancel()  # when called early (from handle), the scheduled call is not needed
             self._timer = None
         self._timer_at = math.inf
-        commands = self.core.on_time(self.clock.now())
+        now = self.clock.now()
+        commands = self.core.on_time(now)
+        if self.observers:
+            for observer in self.observers:
+                observer(now, None, commands)
         if commands:
             self._execute(commands)
         if self._disconnected:
@@ -355,10 +371,8 @@ class Driver:
         attempt = exchange.attempt
         exchange.cancel_upstream()
         self.engine_watch.remove(exchange.request_id)
-        assert self.pool is not None
-        engine = self.pool.engines.get(command.engine_id)
-        if engine is not None and self.abort_upstream and attempt:
-            self._spawn(engine.client.abort(upstream_id(command.request_id, attempt, exchange.client_rid)))
+        if self.abort_upstream:
+            self._abort_on_engine(exchange, command.engine_id, attempt)
 
     def _mark_engine(self, command: MarkEngine) -> None:
         if command.state == "quarantined":
@@ -370,6 +384,13 @@ class Driver:
             command.detail,
             extra={"engine": command.engine_id, "state": command.state},
         )
+
+    def _abort_on_engine(self, exchange: Exchange, engine_id: str | None, attempt: int) -> None:
+        """Call the engine's abort API for the exchange's attempt (by its upstream id), in the background."""
+        assert self.pool is not None
+        engine = self.pool.engines.get(engine_id or "")
+        if engine is not None and attempt:
+            self._spawn(engine.client.abort(upstream_id(exchange.request_id, attempt, exchange.client_rid)))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -390,33 +411,21 @@ class Driver:
         if not matched:
             return 0
         self.handle(QueueAborted(request_ids=frozenset(e.request_id for e in matched)))
-        assert self.pool is not None
         for exchange in matched:
-            engine = self.pool.engines.get(exchange.engine_id or "")
-            if engine is not None and exchange.attempt and not exchange.ended:
-                self._spawn(
-                    engine.client.abort(
-                        upstream_id(exchange.request_id, exchange.attempt, exchange.client_rid)
-                    )
-                )
+            if not exchange.ended:
+                self._abort_on_engine(exchange, exchange.engine_id, exchange.attempt)
         return len(matched)
 
     def fail_all(self, make_error: Callable[[], GatewayError]) -> int:
         """Shutdown: end every open exchange with `make_error()` (its client reads it) and abort the generations
         still running upstream, so no engine works for a gateway that is gone. Returns how many ended."""
-        assert self.pool is not None
         exchanges = list(self.exchanges.values())
         self.exchanges.clear()
         for exchange in exchanges:
             running = exchange.upstream_task is not None and not exchange.upstream_task.done()
             exchange.cancel_upstream()
-            engine = self.pool.engines.get(exchange.engine_id or "")
-            if running and engine is not None and exchange.attempt:
-                self._spawn(
-                    engine.client.abort(
-                        upstream_id(exchange.request_id, exchange.attempt, exchange.client_rid)
-                    )
-                )
+            if running:
+                self._abort_on_engine(exchange, exchange.engine_id, exchange.attempt)
             self._end(exchange, make_error())
         return len(exchanges)
 

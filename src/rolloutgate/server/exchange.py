@@ -45,7 +45,7 @@ OutboxItem = bytes | Finished | GatewayError  # bytes: one stream event's JSON d
 class Outbox:
     """One subscriber's queue; counts the stream bytes waiting in it (how far its client is behind).
 
-    The part of `asyncio.Queue`'s API the edge uses (`put_nowait`, `get`, `get_nowait`, `empty`, `qsize`), for
+    The part of `asyncio.Queue`'s API the edge uses (`put_nowait`, `get`, `get_nowait`, `empty`), for
     one reader, at a fraction of its cost: a list and, while the reader waits, one future (an asyncio.Queue
     holds three deques and an Event, ~3 KB per subscriber, and costs several times more per item; measured in
     docs/benchmarks.md). `get(timeout_s)` raises TimeoutError when nothing came for that long (its deadline is
@@ -68,9 +68,6 @@ class Outbox:
 
     def empty(self) -> bool:
         return self._head == len(self._items)
-
-    def qsize(self) -> int:
-        return len(self._items) - self._head
 
     def put_nowait(self, item: OutboxItem) -> None:
         self._items.append(item)
@@ -128,12 +125,12 @@ class Outbox:
                     self._waiter = None
             else:
                 deadlines = deadlines_of(loop)  # one loop timer for every waiting reader (deadlines.py)
-                deadlines.add(timeout_s, waiter)
+                key = deadlines.add(timeout_s, waiter)
                 try:
                     timed_out = await waiter
                 finally:
                     self._waiter = None
-                    deadlines.settled()
+                    deadlines.settled(key)
             if timed_out and self._head == len(self._items):
                 raise TimeoutError
         return self.get_nowait()

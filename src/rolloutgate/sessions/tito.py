@@ -156,7 +156,7 @@ def generate_body(
     stop = body.get("stop")
     if stop:
         params["stop"] = [stop] if isinstance(stop, str) else list(stop)
-    stops = list(dict.fromkeys([*stop_token_ids, *(body.get("stop_token_ids") or [])]))
+    stops = _stop_ids(request, stop_token_ids)
     if stops:
         params["stop_token_ids"] = stops
     params["skip_special_tokens"] = False  # the gateway decodes the ids itself
@@ -346,13 +346,18 @@ def tito_chat_body(
     `messages` stay (SGLang requires them, and they set the tool-call constraint); SGLang applies only the
     request's own stops to pre-tokenized input, so the template's stop ids are added."""
     body = {k: v for k, v in request.body.items() if k not in ("stream", "stream_options")}
-    stops = list(dict.fromkeys([*stop_token_ids, *(request.body.get("stop_token_ids") or [])]))
+    stops = _stop_ids(request, stop_token_ids)
     body.update(
         stream=False, logprobs=True, return_meta_info=True, no_stop_trim=False, input_ids=list(prompt_ids)
     )
     if stops:
         body["stop_token_ids"] = stops
     return body
+
+
+def _stop_ids(request: ChatRequest, template_stops: Sequence[int]) -> list[int]:
+    """The template's stop ids, then the request's own, each once."""
+    return list(dict.fromkeys([*template_stops, *(request.body.get("stop_token_ids") or [])]))
 
 
 def parse_chat_answer(answer: Any) -> EngineTurn:

@@ -1,4 +1,5 @@
-"""`SimCluster`: N simulated engines in this process, each on its own port, sharing one scaled clock."""
+"""`SimCluster`: N simulated engines in this process, each on its own port serving its HTTP face (sim/http_*.py),
+sharing one scaled clock."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from rolloutgate.runtime_clock import LoopClock
+from rolloutgate.sim import http_sglang, http_vllm
 from rolloutgate.sim.engine import SimEngine
 from rolloutgate.sim.faults import Fault
 from rolloutgate.sim.http_admin import build_admin_app
@@ -78,7 +80,7 @@ class SimCluster:
                 port=self.base_port + index if self.base_port else 0,
             )
             self.engines.append(engine)
-            await engine.start()
+            await engine.start((http_vllm if self.api == "vllm" else http_sglang).build_app(engine))
         for spec in self._faults:
             selector, fault = ("all", spec) if isinstance(spec, Fault) else spec
             targets = self.engines if selector == "all" else [self.engines[int(selector)]]

@@ -1,4 +1,5 @@
-"""One simulated engine: the model, its driver, its HTTP server, its faults and its control plane.
+"""One simulated engine: the model, its driver, its HTTP server, its faults and its control plane. Its HTTP
+face (sim/http_*.py) depends on it, not it on its face: whoever starts it (sim/cluster.py) builds the app.
 
 This is the object tests and the gateway's tests hold (`cluster.engines[i]`). Its properties read the model
 as of now (the model is first advanced to the current simulated time). Commands (`set_fault`, `pause`,
@@ -76,13 +77,11 @@ class SimEngine:
             raise RuntimeError("engine not started")
         return self._driver
 
-    async def start(self) -> None:
-        from rolloutgate.sim import http_sglang, http_vllm
-
+    async def start(self, app: web.Application) -> None:
+        """Serve `app`, this engine's HTTP face (built on it by sim/http_sglang.py or http_vllm.py)."""
         self._driver = SimDriver(self.model, self.clock, after_wake=self._after_wake)
-        builder = http_vllm if self.api == "vllm" else http_sglang
         self._runner = web.AppRunner(
-            builder.build_app(self),
+            app,
             handle_signals=False,
             access_log=None,
             shutdown_timeout=0.5,

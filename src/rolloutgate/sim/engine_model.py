@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from rolloutgate.sim.faults import Fault
 from rolloutgate.sim.output_path import OutputPath
@@ -41,10 +41,7 @@ from rolloutgate.sim.request import FinishReason, RequestState, SimRequest
 from rolloutgate.sim.stats import EngineStats
 from rolloutgate.sim.tokens import EOS_TOKEN_ID
 
-if TYPE_CHECKING:
-    from rolloutgate.sim.ledger import GenerationLedger
-
-__all__ = ("PAUSE_MODES", "EngineModel")
+__all__ = ("PAUSE_MODES", "EngineModel", "LedgerHooks")
 
 PAUSE_MODES = ("abort", "retract", "in_place", "keep", "drain", "wait")
 _RECENT_LIMIT = 4096  # finished requests kept for /sim/state
@@ -58,6 +55,16 @@ class _Step:
     decoders: list[SimRequest] = field(default_factory=list)
     prefill: list[tuple[SimRequest, int]] = field(default_factory=list)
     remaining_s: float = 0.0  # while held
+
+
+class LedgerHooks(Protocol):
+    """What the model, and its HTTP face (`written`), tell an attached ledger (sim/ledger.py's GenerationLedger,
+    which knows the engine it is attached to: so declared here, the model does not depend on it)."""
+
+    def finished(self, req: SimRequest) -> None: ...
+    def written(self, rid: str) -> None: ...
+    def held(self, reason: str, at: float) -> None: ...
+    def released(self, reason: str, at: float) -> None: ...
 
 
 class EngineModel:
@@ -89,7 +96,7 @@ class EngineModel:
         self.pause_mode: str | None = None
         self.stats = EngineStats()
         self.output = OutputPath(config)  # the tokenizer manager's queue and counters (sim/output_path.py)
-        self.ledger: GenerationLedger | None = None  # benchmarks: every generation and hold (sim/ledger.py)
+        self.ledger: LedgerHooks | None = None  # benchmarks: every generation and hold (sim/ledger.py)
 
     # ----------------------------------------------------------------------------- queries
 

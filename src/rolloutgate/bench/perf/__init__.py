@@ -1,0 +1,1 @@
+"""The gateway's performance benchmarks: `rolloutgate bench` (cli.py, docs/benchmarks.md)."""

@@ -1,0 +1,1 @@
+"""Prefill-aware admission off and on, side by side (docs/prefill.md)."""

@@ -1,0 +1,121 @@
+"""`rolloutgate replay incident`: the incident replayed side by side, engine time vs wallclock.
+
+    rolloutgate replay incident [--time-scale S] [--agents N] [--duration D] [--out DIR] [--sessions]
+
+Prints a progress bar while both modes run, then the table of figures and the verdicts; writes
+DIR/replay.json, DIR/replay.png and the raw records (see run.py and docs/replay.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rolloutgate.bench.replay.scenario import MODES, ReplayConfig
+
+__all__ = ("add_arguments", "run")
+
+SCENARIOS = ("incident",)
+_DEFAULTS = ReplayConfig()
+
+
+# the ReplayConfig fields set from the command line: flag, field, type, help
+_CONFIG_FLAGS = (
+    ("--time-scale", "time_scale", float, "simulated seconds per real second"),
+    ("--agents", "agents", int, "agents"),
+    ("--duration", "duration_s", float, "simulated seconds"),
+    ("--engines", "engines", int, "engines"),
+    ("--seed", "seed", int, "workload seed"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("scenario", choices=SCENARIOS, help="the scenario to replay")
+    for flag, name, kind, text in _CONFIG_FLAGS:
+        default = getattr(_DEFAULTS, name)
+        metavar = flag[2:].upper().replace("-", "_")
+        add(
+            flag, type=kind, default=default, dest=name, metavar=metavar, help=f"{text} (default {default:g})"
+        )
+    add("--out", type=Path, default=Path("out/replay"), help="output folder (default out/replay)")
+    add("--sessions", action="store_true", help="agents use the gateway's session API (/sessions/{id}/v1)")
+    add(
+        "--no-prefill-admission",
+        action="store_true",
+        help="engine-time gateway without prefill-aware admission, as before it (docs/prefill.md)",
+    )
+    add("--modes", default=",".join(MODES), help="modes to run (default engine,wallclock)")
+    add(
+        "--in-process",
+        action="store_true",
+        help="run the modes in this process (one core) instead of one each",
+    )
+    add("--no-plot", action="store_true", help="skip the PNG")
+    add("--check", action="store_true", help="exit 1 if a verdict does not hold")
+
+
+def _config(args: argparse.Namespace) -> ReplayConfig:
+    return ReplayConfig(
+        **{name: getattr(args, name) for _, name, _, _ in _CONFIG_FLAGS},
+        sessions=args.sessions,
+        prefill_admission=not args.no_prefill_admission,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from rolloutgate.bench.replay.report import print_report
+    from rolloutgate.bench.replay.run import run_replay
+
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise SystemExit(f"--modes takes {', '.join(MODES)}; got {args.modes!r}")
+    try:
+        config = _config(args)
+    except ValueError as exc:
+        raise SystemExit(f"rolloutgate replay: {exc}") from exc
+    console = Console()
+    console.print(
+        f"replaying the incident: {config.agents} agents on {config.engines} simulated SGLang engines, "
+        f"{config.duration_s:.0f} simulated s at x{config.time_scale:g} (~{config.real_s(config.duration_s):.0f} s), "
+        f"modes: {', '.join(modes)}"
+    )
+    with Progress(
+        TextColumn("{task.description:<12}"),
+        BarColumn(),
+        TextColumn("{task.fields[now]:>6.0f}/{task.total:.0f} s"),
+        TextColumn("{task.fields[turns]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as bar:
+        tasks = {
+            mode: bar.add_task(mode, total=config.duration_s, now=0.0, turns="starting (imports LiteLLM)")
+            for mode in modes
+        }
+
+        def progress(state: dict[str, Any]) -> None:
+            task = tasks.get(str(state.get("mode")))
+            if task is not None:
+                turns = f"{state['turns_ok']} turns ok, {state['turns_failed']} failed"
+                bar.update(task, completed=float(state["now"]), now=float(state["now"]), turns=turns)
+
+        result = asyncio.run(
+            run_replay(
+                config,
+                args.out,
+                modes=modes,
+                in_process=args.in_process,
+                progress=progress,
+                plot=not args.no_plot,
+            )
+        )
+    print_report(result, console)
+    console.print(f"written: {args.out}/replay.json" + ("" if args.no_plot else f", {args.out}/replay.png"))
+    return 1 if args.check and not result.passed else 0
