@@ -27,7 +27,7 @@ git -C "$root" worktree add --detach -q "$work/base" "$base"
 if [ -f "$work/base/setup.py" ]; then
 	(cd "$work/base" && "$python" setup.py -q build_ext --inplace >/dev/null)
 elif [ -f "$work/base/scripts/build_native.py" ]; then
-	"$python" "$work/base/scripts/build_native.py" >/dev/null
+	(cd "$work/base" && "$python" scripts/build_native.py >/dev/null)
 fi
 
 stream=false
@@ -44,7 +44,9 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 run_once() {  # <label> <source tree>
 	local label=$1 tree=$2 port gateway ticks0 ticks1 out count
 	# Port 0: the kernel picks a free one (a random fixed port can collide with the ephemeral ports in use).
-	PYTHONPATH=$tree/src taskset -c 0 "$python" -m rolloutgate serve --host 127.0.0.1 --port 0 \
+	# A tree built by scripts/build_native.py keeps its shared library in build/native: ahead of the one an
+	# editable install of this checkout puts on the path, whose name is the same.
+	PYTHONPATH=$tree/build/native:$tree/src taskset -c 0 "$python" -m rolloutgate serve --host 127.0.0.1 --port 0 \
 		--engine "sglang+$engine" --log-level warning >"$work/gw.out" 2>&1 &
 	gateway=$!
 	for _ in $(seq 150); do grep -q "serving on" "$work/gw.out" && break; sleep 0.2; done

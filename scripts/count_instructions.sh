@@ -31,7 +31,7 @@ else
 	if [ -f "$work/tree/setup.py" ]; then
 		(cd "$work/tree" && "$python" setup.py -q build_ext --inplace >/dev/null)
 	elif [ -f "$work/tree/scripts/build_native.py" ]; then
-		"$python" "$work/tree/scripts/build_native.py" >/dev/null
+		(cd "$work/tree" && "$python" scripts/build_native.py >/dev/null)
 	fi
 	tree=$work/tree
 fi
@@ -69,7 +69,7 @@ for _ in $(seq 100); do grep -q "^engine 0" "$work/sim.out" && break; sleep 0.2;
 engine=$(grep -oE "http://[^ ]+" "$work/sim.out" | head -1)
 
 count() {  # <requests> -> "<answered> <instructions>"
-	PYTHONPATH=$tree/src PYTHONHASHSEED=0 taskset -c 0 valgrind --tool=cachegrind --cache-sim=no \
+	PYTHONPATH=$tree/build/native:$tree/src PYTHONHASHSEED=0 taskset -c 0 valgrind --tool=cachegrind --cache-sim=no \
 		--cachegrind-out-file="$work/cg.out" "$python" -m rolloutgate serve --host 127.0.0.1 --port 0 \
 		--engine "sglang+$engine" --log-level warning >"$work/gw.out" 2>&1 &
 	local gateway=$! port answered

@@ -1,4 +1,4 @@
-"""Command line: `rolloutgate {serve,sim,replay,bench}`.
+"""Command line: `rolloutgate {serve,sim,replay,bench,fleet}`.
 
 Each subcommand lives with its part (server, sim, bench) and registers its own flags; this module only
 dispatches, importing a part when its subcommand runs so `rolloutgate sim` never loads the gateway.
@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("rolloutgate.sim.cli", "run simulated SGLang or vLLM engines"),
     "replay": ("rolloutgate.bench.replay.cli", "replay the incident side by side (engine time vs wallclock)"),
     "bench": ("rolloutgate.bench.perf.cli", "gateway performance benchmarks"),
+    "fleet": ("rolloutgate.fleet.cli", "gateway replicas on Ray, each owning a shard of the engines"),
 }
 
 

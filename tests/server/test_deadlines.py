@@ -21,16 +21,29 @@ async def test_waits_time_out_in_deadline_order_and_one_that_got_its_item_does_n
     order: list[str] = []
     for name, future in (("late", late), ("early", early)):
         future.add_done_callback(lambda _f, name=name: order.append(name))
-    keys = [deadlines.add(0.2, late), deadlines.add(0.05, early)]  # added later, due sooner: the timer moves
-    keys.append(deadlines.add(0.01, served))
+    deadlines.add(0.2, late)
+    deadlines.add(0.05, early)  # added later, due sooner: the timer moves forward
+    deadlines.add(0.01, served)
     served.set_result(False)  # its item came first
-    deadlines.settled(keys[2])
+    deadlines.settled()
     assert await early is True and await late is True
     assert order == ["early", "late"]
     assert served.result() is False
-    for key in keys[:2]:
-        deadlines.settled(key)
+    deadlines.settled()
+    deadlines.settled()
     assert len(deadlines) == 0
+
+
+async def test_entries_of_settled_waits_are_dropped_so_the_heap_stays_small() -> None:
+    loop = asyncio.get_running_loop()
+    deadlines = WaitDeadlines()
+    for _ in range(10_000):  # a fast stream: every wait ends with an item, long before its deadline
+        waiter: asyncio.Future[bool] = loop.create_future()
+        deadlines.add(60.0, waiter)
+        waiter.set_result(False)
+        deadlines.settled()
+    assert len(deadlines) == 0
+    assert len(deadlines._heap) <= 64 + 1  # compacted as stale entries outnumber the live ones
 
 
 async def test_outbox_get_times_out_and_an_item_in_time_wins() -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -238,11 +238,16 @@ class GatewayServer:
     app: web.Application = field(init=False)
     runner: web.AppRunner | None = None
     url: str = ""
+    # Called with the built app before it serves: what wraps the gateway (rolloutgate.fleet) adds its
+    # middleware and signals here.
+    configure_app: Callable[[web.Application], None] | None = None
     _hurry: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
     _watchdog: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     async def start(self) -> str:
         self.app = build_app(self.settings)
+        if self.configure_app is not None:
+            self.configure_app(self.app)
         self.runner = web.AppRunner(
             self.app,
             handler_cancellation=True,

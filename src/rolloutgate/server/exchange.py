@@ -125,12 +125,12 @@ class Outbox:
                     self._waiter = None
             else:
                 deadlines = deadlines_of(loop)  # one loop timer for every waiting reader (deadlines.py)
-                key = deadlines.add(timeout_s, waiter)
+                deadlines.add(timeout_s, waiter)
                 try:
                     timed_out = await waiter
                 finally:
                     self._waiter = None
-                    deadlines.settled(key)
+                    deadlines.settled()
             if timed_out and self._head == len(self._items):
                 raise TimeoutError
         return self.get_nowait()

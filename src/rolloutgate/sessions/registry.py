@@ -115,6 +115,10 @@ class SessionRegistry:
         self._bytes = 0
         self._counters: dict[str, int] = {}
 
+    def mint_ids_with(self, id_factory: Callable[[], str]) -> None:
+        """Make new session ids with `id_factory` from now on (a fleet replica names itself in them)."""
+        self._new_id = id_factory
+
     # -- lifecycle -----------------------------------------------------------------------------------------
 
     def create(self, now: float) -> Session:

@@ -1,0 +1,121 @@
+"""Ray actor handles as the links of fleet/links.py: typed calls, Ray's errors turned into ours.
+
+Theory of operation: a Ray actor handle's methods are untyped (`handle.method.remote(...)` is an awaitable
+ObjectRef of Any), so each call is wrapped once here with its real types. Ray's liveness is what these
+errors carry: an actor that died raises `ActorDiedError`, one that Ray is restarting `ActorUnavailableError`
+(both: this incarnation is gone, `final`); a call that does not come back in time is a plain timeout
+(not final: a replica busy for a moment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+from rolloutgate.fleet.assignment import EngineEntry, FleetView
+from rolloutgate.fleet.links import (
+    ControllerUnreachable,
+    EngineChange,
+    JoinResult,
+    ReplicaInfo,
+    ReplicaUnreachable,
+)
+
+__all__ = ("ControllerClient", "ReplicaClient", "current_actor", "node_ip_address")
+
+_GONE = (ActorDiedError, ActorUnavailableError, RayActorError)
+CONTROLLER_CALL_TIMEOUT_S = 60.0  # a controller call never waits on anything slower than an engine probe
+
+
+def current_actor() -> Any:
+    """The handle of the actor this code runs in (what a replica registers with)."""
+    return ray.get_runtime_context().current_actor
+
+
+def node_ip_address() -> str:
+    """This node's IP as Ray knows it (where other nodes reach its replicas)."""
+    # untyped in Ray; `unused-ignore`: `make lint` also checks this without Ray installed (pyproject.toml)
+    address: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call, unused-ignore]
+    return address
+
+
+class ReplicaClient:
+    """The controller's link to one replica actor (fleet/links.py ReplicaLink)."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle  # a Ray ActorHandle of fleet/actors.py ReplicaActor
+
+    async def ping(self, timeout_s: float) -> str:
+        try:
+            async with asyncio.timeout(timeout_s):
+                incarnation: str = await self._handle.ping.remote(timeout_s)
+        except _GONE as exc:
+            raise ReplicaUnreachable(type(exc).__name__, final=True) from None
+        except TimeoutError:
+            raise ReplicaUnreachable(f"no answer to a ping in {timeout_s:g} s") from None
+        return incarnation
+
+    async def joined(self, url: str, version: int, timeout_s: float) -> JoinResult:
+        try:
+            async with asyncio.timeout(timeout_s + 5.0):
+                result: JoinResult = await self._handle.joined.remote(url, version, timeout_s)
+        except _GONE as exc:
+            raise ReplicaUnreachable(type(exc).__name__, final=True) from None
+        except TimeoutError:
+            raise ReplicaUnreachable(f"no answer in {timeout_s:g} s") from None
+        return result
+
+
+class ControllerClient:
+    """A replica's link to the controller actor (fleet/links.py ControllerLink)."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle  # a Ray ActorHandle of fleet/actors.py ControllerActor
+
+    async def _call(self, method: str, *args: Any, timeout_s: float = CONTROLLER_CALL_TIMEOUT_S) -> Any:
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await getattr(self._handle, method).remote(*args)
+        except _GONE as exc:
+            raise ControllerUnreachable(type(exc).__name__) from None
+        except TimeoutError:
+            raise ControllerUnreachable(f"{method}: no answer in {timeout_s:g} s") from None
+
+    async def register_replica(
+        self, info: ReplicaInfo, handle: object, engines: Sequence[EngineEntry]
+    ) -> FleetView:
+        view: FleetView = await self._call("register_replica", info, handle, list(engines))
+        return view
+
+    async def deregister_replica(self, replica_id: str, incarnation: str) -> FleetView:
+        view: FleetView = await self._call("deregister_replica", replica_id, incarnation)
+        return view
+
+    async def previous_url(self, replica_id: str) -> str | None:
+        url: str | None = await self._call("previous_url", replica_id)
+        return url
+
+    async def next_view(self, after_version: int, timeout_s: float, epoch: str) -> FleetView:
+        view: FleetView = await self._call(
+            "next_view", after_version, timeout_s, epoch, timeout_s=timeout_s + 10.0
+        )
+        return view
+
+    async def view(self) -> FleetView:
+        view: FleetView = await self._call("view")
+        return view
+
+    async def add_engine(self, entry: EngineEntry, wait_s: float) -> EngineChange:
+        change: EngineChange = await self._call("add_engine", entry, wait_s, timeout_s=wait_s + 30.0)
+        return change
+
+    async def remove_engine(self, ref: str) -> EngineChange:
+        change: EngineChange = await self._call("remove_engine", ref)
+        return change
+
+    async def suspect(self, replica_id: str) -> None:
+        await self._call("suspect", replica_id)

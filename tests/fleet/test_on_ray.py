@@ -1,0 +1,216 @@
+"""A fleet on a local Ray cluster (`make test-fleet`): 3 replica actors, 7 simulated SGLang engines (`rolloutgate
+sim` in a subprocess; 6 given at start, 1 registered over HTTP). Each engine has exactly one owner; calls and a
+session's turns through replica 0 reach the owner in one hop; registration on another replica reaches the
+controller; a replica SIGKILLed comes back under Ray's restart policy on its old URL and takes its share back;
+one killed for good has its engines re-owned by the others within 10 s.
+
+The tests share one fleet and run in order (each leaves it whole, but the last)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import ray
+
+from rolloutgate.config import GatewaySettings
+from rolloutgate.fleet import Fleet, start_fleet
+from rolloutgate.fleet.assignment import named_replica
+from rolloutgate.fleet.routing import REPLICA_HEADER, VIA_HEADER
+
+pytestmark = pytest.mark.fleet
+
+REPLICAS = 3
+ENGINES = 6  # given at start; one more is registered over HTTP
+TIME_SCALE = 100.0
+REOWN_LIMIT_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[list[str]]:
+    sim = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rolloutgate",
+            "sim",
+            "--engines",
+            str(ENGINES + 1),
+            "--time-scale",
+            str(TIME_SCALE),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert sim.stdout is not None
+        urls: list[str] = []
+        deadline = time.monotonic() + 60
+        while len(urls) < ENGINES + 1 and time.monotonic() < deadline:
+            line = sim.stdout.readline()
+            if line.startswith("engine "):
+                urls.append(line.split()[-1])
+        assert len(urls) == ENGINES + 1, "the simulator did not start"
+        yield urls
+    finally:
+        sim.terminate()
+        sim.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def fleet(engines: list[str]) -> Iterator[Fleet]:
+    ray.init(num_cpus=2, include_dashboard=False, namespace="rolloutgate-test")
+    settings = GatewaySettings(time_scale=TIME_SCALE, stall_timeout=600.0, log_level="warning")
+    started = start_fleet(
+        REPLICAS, [f"sglang+{url}" for url in engines[:ENGINES]], settings, replica_num_cpus=0
+    )
+    try:
+        wait_for(lambda: pools_hold(started, ENGINES), "every engine in a pool")
+        yield started
+    finally:
+        started.stop(grace_s=1)
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def http() -> Iterator[httpx.Client]:
+    with httpx.Client(timeout=60) as client:
+        yield client
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> float:
+    """Seconds until `condition()` held; fails after `timeout_s`."""
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < timeout_s, f"not in {timeout_s:g} s: {what}"
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def pools(fleet: Fleet, replica_ids: list[str] | None = None) -> dict[str, list[str]]:
+    """Each replica's own pool, from its /admin/state."""
+    view = fleet.view()
+    out = {}
+    for replica_id in replica_ids or list(view.replicas):
+        state = httpx.get(f"{view.replicas[replica_id]}/admin/state", timeout=10).json()
+        out[replica_id] = sorted(e["url"] for e in state["engines"])
+    return out
+
+
+def pools_hold(fleet: Fleet, count: int, replica_ids: list[str] | None = None) -> bool:
+    try:
+        held = [url for urls in pools(fleet, replica_ids).values() for url in urls]
+    except (httpx.HTTPError, KeyError):
+        return False
+    return len(held) == count and len(set(held)) == count
+
+
+def generate(http: httpx.Client, url: str, key: str) -> httpx.Response:
+    body: dict[str, Any] = {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 4}}
+    return http.post(f"{url}/generate", json=body, headers={"X-SMG-Routing-Key": key})
+
+
+def test_each_engine_is_owned_by_exactly_one_replica(
+    fleet: Fleet, engines: list[str], http: httpx.Client
+) -> None:
+    held = pools(fleet)
+    assert sorted(u for urls in held.values() for u in urls) == sorted(engines[:ENGINES])
+    assert sorted(len(urls) for urls in held.values()) == [2, 2, 2]
+    for url in fleet.urls:  # every replica tells the same fleet-wide list, with each engine's owner
+        workers = http.get(f"{url}/workers").json()["workers"]
+        assert {w["url"]: w["owner"] for w in workers} == {
+            u: owner for owner, urls in held.items() for u in urls
+        }
+
+
+def test_calls_through_replica_0_reach_their_keys_owner_in_one_hop(fleet: Fleet, http: httpx.Client) -> None:
+    view = fleet.view()
+    held = pools(fleet)
+    seen = set()
+    for i in range(24):
+        key = f"rollout-{i}"
+        answer = generate(http, fleet.url, key)
+        assert answer.status_code == 200, answer.text
+        owner = view.key_owner(key)
+        assert answer.headers[REPLICA_HEADER] == owner
+        assert answer.headers["X-Rolloutgate-Engine"] in held[owner or ""]
+        assert answer.headers.get(VIA_HEADER) == (None if owner == "replica-0" else "replica-0")
+        seen.add(owner)
+    assert seen == set(view.replicas)
+
+
+def test_a_sessions_turns_reach_its_replica_through_the_one_url_and_its_own(
+    fleet: Fleet, http: httpx.Client
+) -> None:
+    created = http.post(f"{fleet.url}/sessions")
+    session_id = created.json()["session_id"]
+    owner = named_replica(session_id)
+    assert created.headers[REPLICA_HEADER] == owner
+    own_url = created.headers["X-Rolloutgate-Replica-Url"]
+    assert own_url == fleet.view().replicas[owner or ""]
+    messages: list[dict[str, str]] = [{"role": "user", "content": "hi"}]
+    # through the one URL (a hop unless it is the owner), then directly at the URL its creation named
+    for turn, base in enumerate((fleet.url, fleet.url, own_url)):
+        body = {"model": "sim-model", "messages": messages, "max_tokens": 4}
+        answer = http.post(f"{base}/sessions/{session_id}/v1/chat/completions", json=body)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers[REPLICA_HEADER] == owner
+        if base == own_url:
+            assert VIA_HEADER not in answer.headers
+        reply = answer.json()["choices"][0]["message"]["content"]
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": f"turn {turn}"}]
+    records = http.get(f"{fleet.url}/sessions/{session_id}").json()["records"]
+    assert len(records) == 3
+
+
+def test_registration_on_another_replica_reaches_the_controller(
+    fleet: Fleet, engines: list[str], http: httpx.Client
+) -> None:
+    new = engines[ENGINES]
+    added = http.post(f"{fleet.urls[1]}/add_worker", params={"url": new})
+    assert added.status_code == 201, added.text
+    owner = added.json()["owner"]
+    held = pools(fleet)
+    assert [r for r, urls in held.items() if new in urls] == [owner]
+    assert pools_hold(fleet, ENGINES + 1)
+    assert sorted(http.get(f"{fleet.urls[2]}/list_workers").json()["urls"]) == sorted(engines)
+
+
+def test_a_sigkilled_replica_comes_back_on_its_url_and_takes_its_share(
+    fleet: Fleet, http: httpx.Client
+) -> None:
+    before = fleet.describe()["replica-2"]
+    os.kill(before["pid"], signal.SIGKILL)
+    wait_for(lambda: "replica-2" not in fleet.view().replicas, "the controller saw it go", REOWN_LIMIT_S)
+    wait_for(lambda: "replica-2" in fleet.view().replicas, "Ray restarted it and it registered", 60)
+    wait_for(lambda: pools_hold(fleet, ENGINES + 1), "every engine in exactly one pool")
+    after = fleet.describe()["replica-2"]
+    assert after["pid"] != before["pid"] and after["url"] == before["url"]
+    assert sorted(len(urls) for urls in pools(fleet).values()) == [2, 2, 3]
+    assert generate(http, fleet.url, "after-restart").status_code == 200
+
+
+def test_a_replica_killed_for_good_has_its_engines_re_owned_by_the_others(
+    fleet: Fleet, http: httpx.Client
+) -> None:
+    view = fleet.view()
+    key = next(k for k in (f"gone-{i}" for i in range(200)) if view.key_owner(k) == "replica-2")
+    survivors = ["replica-0", "replica-1"]
+    kept = pools(fleet, survivors)
+    ray.kill(fleet.replicas["replica-2"], no_restart=True)
+    started = time.monotonic()
+    wait_for(lambda: pools_hold(fleet, ENGINES + 1, survivors), "its engines re-owned", REOWN_LIMIT_S)
+    reowned_s = time.monotonic() - started
+    print(f"\nfleet figure: engines of a killed replica re-owned in {reowned_s:.2f} s")
+    assert reowned_s < REOWN_LIMIT_S
+    held = pools(fleet, survivors)
+    assert all(set(kept[r]) <= set(held[r]) for r in survivors)  # sticky: the survivors kept theirs
+    answer = generate(http, fleet.url, key)  # its keys are served by a survivor now
+    assert answer.status_code == 200 and answer.headers[REPLICA_HEADER] in survivors
