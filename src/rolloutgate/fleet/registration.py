@@ -27,6 +27,7 @@ from rolloutgate.fleet.links import ControllerLink, ControllerUnreachable, Engin
 from rolloutgate.server.auth import check_worker_admin
 from rolloutgate.server.context import CONTEXT
 from rolloutgate.server.validate import parse_body
+from rolloutgate.server.workers import refuse_disaggregated
 
 __all__ = ("describe_engine", "serve_registration")
 
@@ -50,16 +51,6 @@ def describe_engine(view: FleetView, url: str) -> dict[str, Any]:
     }
 
 
-def _refuse_disaggregated(worker_type: object) -> None:
-    if worker_type not in (None, "regular"):
-        raise BadRequest(
-            f"worker_type {worker_type!r} is not supported: rolloutgate serves regular engines (prefill and "
-            "decode in one), not prefill-decode disaggregation",
-            param="worker_type",
-            code="unsupported_worker_type",
-        )
-
-
 async def _entry_of(request: web.Request) -> EngineEntry:
     settings = request.app[CONTEXT].settings
     raw = await request.read()
@@ -67,7 +58,7 @@ async def _entry_of(request: web.Request) -> EngineEntry:
     url = request.query.get("url") or request.query.get("worker_url") or body.get("url")
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise BadRequest("'url' (http:// or https://) is required", param="url", code="invalid_worker")
-    _refuse_disaggregated(request.query.get("worker_type") or body.get("worker_type"))
+    refuse_disaggregated(request.query.get("worker_type") or body.get("worker_type"))
     family = body.get("family", "auto")
     capacity = body.get("capacity")
     if family not in ("auto", "sglang", "vllm", "openai") or not (

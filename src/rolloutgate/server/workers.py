@@ -18,7 +18,7 @@ from rolloutgate.server.context import CONTEXT
 from rolloutgate.server.guard import guarded
 from rolloutgate.server.validate import parse_body
 
-__all__ = ("add_routes",)
+__all__ = ("add_routes", "refuse_disaggregated")
 
 
 def _json(value: Any, status: int = 200) -> web.Response:
@@ -46,11 +46,12 @@ async def add_worker(request: web.Request) -> web.Response:
     body = parse_body(await request.read(), ctx.settings)
     if not isinstance(body.get("url"), str):
         raise BadRequest("'url' is required", param="url", code="invalid_worker")
-    _refuse_disaggregated(body.get("worker_type"))
+    refuse_disaggregated(body.get("worker_type"))
     return await _add(request, {k: v for k, v in body.items() if k in ("url", "family", "capacity")})
 
 
-def _refuse_disaggregated(worker_type: object) -> None:
+def refuse_disaggregated(worker_type: object) -> None:
+    """400 for a prefill or decode worker (the miles router's `worker_type`): only regular engines join."""
     if worker_type not in (None, "regular"):
         raise BadRequest(
             f"worker_type {worker_type!r} is not supported: rolloutgate serves regular engines (prefill and "
@@ -85,7 +86,7 @@ async def miles_add_worker(request: web.Request) -> web.Response:
     url = request.query.get("url") or request.query.get("worker_url") or body.get("url")
     if not isinstance(url, str) or not url:
         raise BadRequest("'url' is required (query or JSON body)", param="url", code="invalid_worker")
-    _refuse_disaggregated(request.query.get("worker_type") or body.get("worker_type"))
+    refuse_disaggregated(request.query.get("worker_type") or body.get("worker_type"))
     return await _add(request, {"url": url})
 
 
