@@ -150,7 +150,8 @@ async def _serve(settings: object) -> None:
     url = await server.start()
     tune_gc()
     keep_large_buffers_returnable()
-    logging.getLogger("rolloutgate").info("rolloutgate serving on %s; %s", url, describe_build())
+    logging.getLogger("rolloutgate").info("rolloutgate serving on %s", url)
+    logging.getLogger("rolloutgate").info("modules %s", describe_build())
     print(f"rolloutgate serving on {url}", flush=True)
     stop = asyncio.Event()
 
