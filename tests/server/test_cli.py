@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+import rolloutgate.server.app  # noqa: F401  (loaded, as in the gateway's process: describe_build() reads it)
 from rolloutgate.cli import build_parser
+from rolloutgate.compiled import describe_build
 from rolloutgate.config import GatewaySettings, load_settings
 from rolloutgate.server import cli
 
@@ -60,3 +65,26 @@ def test_docs_list_every_setting_as_the_settings_say() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "gateway.md").read_text()
     listed = text.split("<!-- settings:begin -->\n", 1)[1].split("<!-- settings:end -->", 1)[0]
     assert listed == cli.settings_table(), "docs/gateway.md's settings table is stale: paste settings_table()"
+
+
+def test_serve_says_where_it_listens_as_the_harnesses_read_it_and_which_modules_run_compiled() -> None:
+    """The e2e and bench harnesses find the gateway's URL in `rolloutgate serving on URL` (a build note once
+    glued to that line read as the port `39547;`). The gateway serves before its engine answers."""
+    command = [sys.executable, "-m", "rolloutgate", "serve", "--host", "127.0.0.1", "--port", "0"]
+    command += ["--engine", "sglang+http://127.0.0.1:1", "--log-level", "info"]
+    gateway = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    lines: list[str] = []
+    try:
+        assert gateway.stderr is not None
+        for (
+            line
+        ) in gateway.stderr:  # bounded: the gateway logs its URL within seconds, or the timeout ends it
+            lines.append(line)
+            if "modules " in line and any("serving on" in seen for seen in lines):
+                break
+    finally:
+        gateway.terminate()
+        gateway.wait(timeout=30)
+    served = [m for line in lines if (m := re.search(r"rolloutgate serving on (http://\S+)", line))]
+    assert served and re.fullmatch(r"http://127\.0\.0\.1:\d+", served[0].group(1)), lines
+    assert any(f"modules {describe_build()}" in line for line in lines), lines
