@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("rolloutgate.bench.replay.cli", "replay the incident side by side (engine time vs wallclock)"),
     "bench": ("rolloutgate.bench.perf.cli", "gateway performance benchmarks"),
     "fleet": ("rolloutgate.fleet.cli", "gateway replicas on Ray, each owning a shard of the engines"),
+    "top": ("rolloutgate.top.cli", "a live view of a gateway or fleet: engines, queue, clocks, waste"),
 }
 
 

@@ -21,6 +21,7 @@ from pydantic_settings import (
 )
 
 from rolloutgate.core.config import GatewayCoreConfig, Placement
+from rolloutgate.core.weights import OnStale
 
 __all__ = ("EngineSpec", "GatewaySettings", "load_settings")
 
@@ -103,6 +104,14 @@ class GatewaySettings(BaseSettings):
     )
     placement: Placement = Field(
         default=_CORE.placement, description="how requests are placed on engines (docs/prefill.md)"
+    )
+    # cache-warm placement (core/placement/cache_warm.py, docs/rl.md): a new session goes to the engine with the
+    # fewest sessions whose cache has room for its history; this is that room, per engine
+    engine_cache_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="prefix-cache tokens per engine for its sessions' histories, for --placement cache_warm "
+        "(none = not known: every engine has room)",
     )
     prefill_budget_tokens: int | None = Field(
         default=None,
@@ -197,10 +206,30 @@ class GatewaySettings(BaseSettings):
         description="tree sessions: which leaves become samples (drop_retries drops a leaf retried with the "
         "same prompt; drop_rolled_back keeps only the latest branch of each turn)",
     )
+    # session token budgets (rolloutgate/token_budget.py, docs/rl.md): miles sends its --max-seq-len only to
+    # /samples, at the end; this gives every session that budget from its first turn
+    session_max_seq_len: int | None = Field(
+        default=None,
+        ge=1,
+        description="token budget of a session created without one (prompt + generated; none = no budget): "
+        "each turn's max_tokens is capped to what it leaves",
+    )
     samples_weight_versions: Literal["spans", "strings"] = Field(
         default="spans",
         description="weight_versions on the samples wire: per-call spans (miles' newest codec) or version "
         "strings (miles 2026-08, 31f1ca9)",
+    )
+    # weight versions and the staleness bound (core/weights.py, docs/rl.md)
+    max_staleness: int | None = Field(
+        default=_CORE.max_staleness,
+        ge=0,
+        description="at a weight update, requests running since more than this many updates ago are stale "
+        "(none = no bound; 0 = every request the update finds running)",
+    )
+    on_stale: OnStale = Field(
+        default=_CORE.on_stale,
+        description="what becomes of a stale request: requeue (aborted, re-run from scratch on the new "
+        "weights) or partial (aborted, answered with its tokens so far and finish reason abort)",
     )
     state_dir: str | None = Field(
         default=None, description="folder for durable session records (SQLite); sessions survive a restart"
@@ -220,6 +249,12 @@ class GatewaySettings(BaseSettings):
         description="stream bytes a slow client may fall behind before it is cut off with an error",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="log level")
+    # trace capture (server/trace.py): what `rolloutgate replay trace FILE` replays against simulated engines
+    record_trace: str | None = Field(
+        default=None,
+        description="file to write a trace to: one JSON line per finished request (arrival, session, "
+        "lengths, outcome, timings; no text, no token ids; docs/replay.md)",
+    )
 
     @field_validator("prefill_budget_tokens", mode="before")
     @classmethod

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rolloutgate.core.commands import Abort, AbortReason, Complete, Dispatch, Fail, FailReason, MarkEngine
-from rolloutgate.core.events import EngineHealthChecked
+from rolloutgate.core.events import EngineHealthChecked, ProgressReported
 from tests.core.helpers import Harness, of, reference
 
 
@@ -173,3 +173,22 @@ def test_an_attempt_lost_to_a_hung_engine_is_forgiven_not_charged() -> None:
     assert complete.timing.forgiven_s == pytest.approx(8.0, abs=0.15)  # last token 5.9-6.0 s, +2 s stall
     assert complete.timing.charged_s == pytest.approx(7.7, abs=0.15)  # only the attempt that answered
     assert complete.timing.attempts == 2
+
+
+def test_stats_say_when_a_busy_engine_counts_as_hung_and_what_its_requests_generated() -> None:
+    """What `rolloutgate top` reads (server/pool.py describe_live): an engine's silence and its deadline, only
+    while it is judged; the output its requests' own streams reported, engine-level shares left out."""
+    h = Harness()
+    h.engines(e1=2)
+    assert h.gw.stats().engines[0].hung_at == float("inf")  # no work: not judged
+    h.arrive("a", stall_timeout_s=20.0)
+    h.advance(5.0)
+    h.progress("a", tokens=7)
+    h.send(ProgressReported(request_id="a", tokens=100, engine_level=True))
+    h.advance(3.0)
+    [engine] = h.gw.stats().engines
+    assert engine.silent_since_at == pytest.approx(h.now - 3.0)
+    assert engine.hung_at == pytest.approx(engine.silent_since_at + 20.0)
+    assert engine.generated_tokens == 7
+    h.finish("a")
+    assert h.gw.stats().engines[0].hung_at == float("inf")

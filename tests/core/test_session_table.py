@@ -40,3 +40,36 @@ def test_after_a_weight_update_a_sessions_next_turn_is_a_cold_prefill_again() ->
     h.advance(30.0)
     h.progress("x0")
     assert [d.request_id for d in h.commands(Dispatch)][-1] == "s-t2"
+
+
+def test_a_groups_entry_places_its_siblings_and_a_sessions_own_entry_wins() -> None:
+    table = SessionTable(max_entries=4)
+    table.record(None, "e1", 20_000, group="g")
+    assert table.get(None, "g") == ("e1", 20_000)
+    assert table.uncached(None, 20_000, "e1", "g") == 0 and table.uncached(None, 20_000, "e2", "g") == 20_000
+    table.record("s", "e2", 3000)
+    assert table.get("s", "g") == ("e2", 3000)  # the session's own history decides for its turns
+    assert table.get("unknown", "g") == ("e1", 20_000)
+    assert len(table) == 1 and table.groups == 1  # groups are not sessions
+    assert table.sessions_on("e1") == 0 and table.sessions_on("e2") == 1
+
+
+def test_sessions_are_counted_per_engine_with_their_history_and_released_at_their_end() -> None:
+    table = SessionTable(max_entries=3)
+    table.record("a", "e1", 5000)
+    table.record("b", "e1", 7000)
+    table.record("c", "e2", 9000)
+    assert (table.sessions_on("e1"), table.tokens_on("e1"), table.sessions_on("e2")) == (2, 12_000, 1)
+    table.grow("a", "e1", 6000)  # a's turn ended: its history there grew
+    table.record("b", "e2", 8000)  # b moved
+    assert (table.sessions_on("e1"), table.tokens_on("e1")) == (1, 6000)
+    assert (table.sessions_on("e2"), table.tokens_on("e2")) == (2, 17_000)
+    assert table.release("c") and not table.release("c")
+    assert table.is_new_session("c") and not table.is_new_session("b") and not table.is_new_session(None)
+    assert (table.sessions_on("e2"), table.tokens_on("e2")) == (1, 8000)
+    table.forget_cached("e2")
+    assert (table.sessions_on("e2"), table.tokens_on("e2")) == (1, 0)
+    table.record("d", "e3", 1)
+    table.record("e", "e3", 1)  # over the bound: the least recently used ("a") is forgotten and uncounted
+    assert table.get("a") is None and table.sessions_on("e1") == 0 and table.tokens_on("e1") == 0
+    assert sum(table.sessions_on(e) for e in ("e1", "e2", "e3")) == len(table) == 3

@@ -9,15 +9,17 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import openai
 import pytest
 
 from rolloutgate.config import GatewaySettings
-from rolloutgate.fleet.assignment import EngineEntry, named_replica
+from rolloutgate.fleet.assignment import EngineEntry, FleetView, named_replica
 from rolloutgate.fleet.controller import FleetController
 from rolloutgate.fleet.links import JoinResult, ReplicaLink, ReplicaUnreachable
+from rolloutgate.fleet.operations import ReplicaResult
 from rolloutgate.fleet.replica import FleetReplica
 from rolloutgate.fleet.routing import REPLICA_HEADER, VIA_HEADER
 from rolloutgate.sim import SimCluster
@@ -32,6 +34,7 @@ class KillableLink:
 
     replica: FleetReplica | None = None
     dead: bool = False
+    too_slow: bool = False  # its operations time out while its pings still answer (a replica busy for long)
 
     async def ping(self, timeout_s: float) -> str:
         if self.dead or self.replica is None:
@@ -42,6 +45,15 @@ class KillableLink:
         if self.dead or self.replica is None:
             raise ReplicaUnreachable("ActorDiedError", final=True)
         return await self.replica.joined(url, version, timeout_s)
+
+    async def operate(
+        self, name: str, body: dict[str, Any], query: dict[str, str], timeout_s: float
+    ) -> ReplicaResult:
+        if self.dead or self.replica is None:
+            raise ReplicaUnreachable("ActorDiedError", final=True)
+        if self.too_slow:
+            raise ReplicaUnreachable(f"{name}: no answer in {timeout_s:g} s")
+        return await self.replica.operate(name, body, query)
 
 
 @dataclass(eq=False)
@@ -318,3 +330,104 @@ async def test_a_restarted_controller_gets_every_engine_back_from_the_replicas(f
     held = [u for urls in owners.values() for u in urls]
     assert sorted(held) == sorted([*fleet.cluster.urls, new])  # each engine in exactly one pool
     await old.close()
+
+
+def long_generate(key: str, tokens: int) -> tuple[dict[str, object], dict[str, str]]:
+    body = {
+        "input_ids": list(range(1, 65)),
+        "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True},
+        "return_logprob": True,
+    }
+    return body, {"X-SMG-Routing-Key": key}
+
+
+def key_owned_by(view: FleetView, replica_id: str, prefix: str) -> str:
+    return next(k for k in (f"{prefix}{i}" for i in range(500)) if view.key_owner(k) == replica_id)
+
+
+async def test_a_fleet_wide_pause_during_a_generate_on_each_replica_charges_nobody_and_lists_everyone(
+    fleet: LocalFleet,
+) -> None:
+    """`/admin/pause` on one replica closes every replica's gate and pauses every engine in place; the
+    answer lists each replica and each engine with its owner. The generations running on every replica
+    meanwhile finish, with the pause in their `paused` clock and nothing of it charged."""
+    view = fleet.controller.latest
+    tokens = 3_000  # ~30 simulated seconds of decode: the pause lands in the middle
+    calls = []
+    for replica in fleet.replicas:
+        body, headers = long_generate(key_owned_by(view, replica.replica_id, "pause-"), tokens)
+        calls.append(
+            asyncio.create_task(fleet.http.post(f"{replica.url}/generate", json=body, headers=headers))
+        )
+    engines = fleet.cluster.engines
+    await wait_until(lambda: sum(r.completion_tokens > 100 for e in engines for r in e.model.requests()) == 3)
+    loop = asyncio.get_running_loop()
+    paused = await fleet.http.post(f"{fleet.replicas[1].url}/admin/pause", json={"mode": "in_place"})
+    paused_at = loop.time()
+    assert paused.status_code == 200, paused.text
+    answer = paused.json()
+    assert answer["ok"] and answer["operation"] == "pause" and answer["missing"] == []
+    assert sorted(answer["replicas"]) == ["replica-0", "replica-1", "replica-2"]
+    assert answer["engines"] == dict(view.owners)  # every engine, by its owner
+    for replica_id, part in answer["replicas"].items():
+        assert part["status"] == 200 and sorted(part["engines"]) == sorted(view.engines_of(replica_id))
+        assert part["answer"]["mode"] == "in_place"
+    for replica in fleet.replicas:  # each replica's own gate is closed
+        state = (await fleet.http.get(f"{replica.url}/admin/state")).json()
+        assert state["gate"]["mode"] == "in_place", state["gate"]
+    assert all(e.state(include_requests=False)["paused"] for e in engines)
+    await wait_until(lambda: loop.time() - paused_at >= 0.3)  # 30 simulated seconds closed
+    resumed = await fleet.http.post(f"{fleet.replicas[2].url}/admin/resume", json={})
+    held_s = (loop.time() - paused_at) * 100.0  # simulated seconds between the two answers
+    assert resumed.status_code == 200 and resumed.json()["ok"], resumed.text
+    for call in calls:
+        done = await call
+        assert done.status_code == 200, done.text
+        result = done.json()
+        assert result["meta_info"]["completion_tokens"] == tokens
+        timing = result["rolloutgate_timing"]
+        assert timing["paused_s"] >= 0.9 * held_s, timing  # the pause, in its own clock
+        assert timing["charged_s"] <= timing["wall_s"] - timing["paused_s"] + 0.05, timing  # not charged
+
+
+async def test_a_fleet_wide_operation_that_misses_an_owner_fails_and_names_its_engines(
+    fleet: LocalFleet,
+) -> None:
+    view = fleet.controller.latest
+    fleet.links[2].too_slow = True
+    refused = await fleet.http.post(f"{fleet.replicas[0].url}/admin/pause", json={"mode": "drain"})
+    assert refused.status_code == 502, refused.text
+    answer = refused.json()
+    assert not answer["ok"] and answer["replicas"]["replica-2"]["ok"] is False
+    assert sorted(m["engine"] for m in answer["missing"]) == sorted(view.engines_of("replica-2"))
+    assert all(m["owner"] == "replica-2" for m in answer["missing"])
+    assert sorted(answer["engines"]) == sorted(view.engines_of("replica-0") + view.engines_of("replica-1"))
+    fleet.links[2].too_slow = False
+    resumed = await fleet.http.post(f"{fleet.replicas[0].url}/admin/resume", json={})
+    assert resumed.status_code == 200 and resumed.json()["ok"]
+    bad = await fleet.http.post(f"{fleet.replicas[0].url}/admin/pause", json={"mode": "sideways"})
+    assert bad.status_code == 400 and bad.json()["ok"] is False  # every replica refused it the same way
+    assert all(p["answer"]["error"]["param"] == "mode" for p in bad.json()["replicas"].values())
+
+
+async def test_abort_flush_both_metrics_and_state_reach_every_replica(fleet: LocalFleet) -> None:
+    view = fleet.controller.latest
+    aborted = await fleet.http.post(f"{fleet.replicas[0].url}/abort_request", json={"abort_all": True})
+    assert aborted.status_code == 200 and sorted(aborted.json()["engines"]) == sorted(view.engines)
+    flushed = await fleet.http.post(f"{fleet.replicas[1].url}/flush_cache")
+    assert flushed.status_code == 200 and flushed.json()["ok"], flushed.text
+    assert all(p["answer"] == "Cache flushed.\n" for p in flushed.json()["replicas"].values())
+    scrape = await fleet.http.get(f"{fleet.replicas[2].url}/engine_metrics")
+    assert scrape.status_code == 200
+    up = [line for line in scrape.text.splitlines() if line.startswith("rolloutgate_engine_metrics_up{")]
+    assert len(up) == ENGINES and {line.split('"')[1].split("/")[0] for line in up} == set(view.replicas)
+    own = await fleet.http.get(f"{fleet.replicas[1].url}/metrics", params={"scope": "fleet"})
+    up = [line for line in own.text.splitlines() if line.startswith("rolloutgate_replica_up{")]
+    assert sorted(up) == [f'rolloutgate_replica_up{{replica="{r}"}} 1.0' for r in sorted(view.replicas)]
+    assert 'rolloutgate_queue_depth{replica="replica-2"}' in own.text  # each replica's series, labelled
+    state = (await fleet.http.get(f"{fleet.replicas[0].url}/admin/state", params={"scope": "fleet"})).json()
+    assert sorted(state["replicas"]) == sorted(view.replicas)
+    for replica_id, part in state["replicas"].items():
+        own = part["answer"]
+        assert own["fleet"]["replica_id"] == replica_id and own["fleet"]["replicas"] == dict(view.replicas)
+        assert sorted(e["url"] for e in own["engines"]) == sorted(view.engines_of(replica_id))

@@ -7,7 +7,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rolloutgate.fleet.assignment import Assignment, EngineEntry, FleetView, mint_session_id
-from rolloutgate.fleet.routing import Forward, Here, ToController, decide, session_of_path
+from rolloutgate.fleet.routing import (
+    FLEET_WIDE,
+    Decision,
+    FleetWide,
+    Forward,
+    Here,
+    ToController,
+    decide,
+    session_of_path,
+)
 
 REPLICAS = ["replica-0", "replica-1", "replica-2"]
 
@@ -41,8 +50,11 @@ def where(
     me: str = "replica-0",
     view: FleetView = VIEW,
     nonce: str = "n0",
-) -> Here | Forward | ToController:
-    return decide(method, path, routing_key=key, forwarded_by=forwarded, view=view, self_id=me, nonce=nonce)
+    scope: str | None = None,
+) -> Decision:
+    return decide(
+        method, path, routing_key=key, forwarded_by=forwarded, view=view, self_id=me, nonce=nonce, scope=scope
+    )
 
 
 @given(st.text(min_size=1, max_size=30), st.sampled_from(REPLICAS))
@@ -112,15 +124,24 @@ def test_registration_goes_to_the_controller_and_control_is_never_forwarded() ->
         assert where(method, path, forwarded="replica-1") == ToController()
     key = next(k for k in (f"k{i}" for i in range(100)) if VIEW.key_owner(k) != "replica-0")
     for method, path in [
-        ("POST", "/admin/pause"),
         ("GET", "/admin/state"),
-        ("POST", "/abort_request"),
-        ("POST", "/flush_cache"),
         ("POST", "/pause_generation"),
         ("GET", "/metrics"),
         ("GET", "/health"),
     ]:
         assert where(method, path, key=key) == Here(), path
+
+
+def test_engine_control_is_for_the_whole_fleet_through_the_controller_never_a_hop() -> None:
+    key = next(k for k in (f"k{i}" for i in range(100)) if VIEW.key_owner(k) != "replica-0")
+    for (method, path), name in FLEET_WIDE.items():
+        assert where(method, path, key=key) == FleetWide(name), path
+        assert where(method, path, forwarded="replica-1") == Here()  # a forwarded one is this replica's own
+    assert where("GET", "/admin/state", scope="fleet") == FleetWide("state")
+    assert where("GET", "/metrics", scope="fleet") == FleetWide("metrics")
+    assert where("GET", "/admin/state", scope="replica") == Here()
+    assert where("POST", "/admin/state", scope="fleet") == Here()  # not a read: the gateway's own 405
+    assert {"pause", "resume", "update_weights", "abort_request", "flush_cache"} <= set(FLEET_WIDE.values())
 
 
 def test_session_of_path() -> None:

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import orjson
 import pytest
 
 from rolloutgate.sessions.errors import SessionConflict
-from rolloutgate.sessions.record import accumulated_ids, build_trajectory, expand_records, ids_array
+from rolloutgate.sessions.record import (
+    accumulated_ids,
+    build_trajectory,
+    expand_records,
+    ids_array,
+    weight_spans,
+)
 
 
 def three_turns(record: Any) -> list[Any]:
@@ -53,8 +60,30 @@ def test_trajectory_masks_prompts_and_aligns_logprobs(record: Any) -> None:
     assert generated == [4, 5, 8, 10, 11, 12]
     body = trajectory.as_dict("s1")
     assert (body["prompt_length"], body["response_length"], body["num_turns"]) == (3, 9, 3)
-    assert body["turns"][1] == {"turn": 1, "prompt_start": 5, "output_start": 7, "output_end": 8}
+    assert body["turns"][1] == {
+        "turn": 1,
+        "prompt_start": 5,
+        "output_start": 7,
+        "output_end": 8,
+        "weight_versions": [{"version": "v1", "abs_start": 7, "abs_end": 8}],
+    }
     assert orjson.loads(orjson.dumps(body))["token_ids"] == list(range(1, 13))
+
+
+def test_a_turn_that_crossed_a_weight_update_has_one_span_per_version(record: Any) -> None:
+    crossed = {
+        "weight_versions": [{"version": "v1", "start": 0, "end": 2}, {"version": "v2", "start": 2, "end": 3}]
+    }
+    records = three_turns(record)
+    records[2] = dataclasses.replace(records[2], weight_version="v2", engine_meta=crossed)
+    body = build_trajectory(records).as_dict("s1")
+    assert body["turns"][2]["weight_versions"] == [
+        {"version": "v1", "abs_start": 9, "abs_end": 11},
+        {"version": "v2", "abs_start": 11, "abs_end": 12},
+    ]
+    (entry,) = expand_records(records[2:], full_prompt_ids=False)
+    assert entry["weight_versions"] == crossed["weight_versions"]  # output offsets, as the engine gave them
+    assert weight_spans(records[0]) == [("v1", 0, 2)]  # one version: the whole output
 
 
 def test_trajectory_equals_the_last_prompt_plus_output(record: Any) -> None:

@@ -479,3 +479,19 @@ async def test_an_engine_that_ignored_the_ids_is_refused(clock: ManualClock, ren
     with pytest.raises(EngineAnswerInvalid, match="prompt tokens"):
         await service.chat(session_id, chat_body([{"role": "user", "content": "hi"}]))
     assert service.registry.get(session_id, clock.now()).records == []  # nothing recorded
+
+
+async def test_a_sessions_end_is_told_when_deleted_sampled_or_expired(clock: ManualClock) -> None:
+    """The gateway releases the session's engine binding on each (server/sessions_mount.py)."""
+    engine = FakeChatEngine(prompts=[[1, 2, 3]])
+    service = service_for(engine, clock, renderer=None, idle_ttl_s=60.0)
+    ended: list[str] = []
+    service.on_end.append(ended.append)
+    sampled, deleted, idle = service.create(), service.create(), service.create()
+    await service.chat(sampled, {"messages": [{"role": "user", "content": "q1"}]})
+    assert service.samples(sampled, {"max_seq_len": 64})
+    service.delete(deleted)
+    assert ended == [sampled, deleted]
+    clock.advance(61.0)
+    service.expire()
+    assert sorted(ended[2:]) == sorted([sampled, idle])  # sampled, it stays readable until it idles out

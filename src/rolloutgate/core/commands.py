@@ -21,7 +21,9 @@ __all__ = (
     "Dispatch",
     "Fail",
     "FailReason",
+    "GroupOutcome",
     "MarkEngine",
+    "RecordGroup",
 )
 
 _frozen = {"frozen": True, "slots": True, "kw_only": True}
@@ -38,6 +40,9 @@ class AbortReason(enum.Enum):
     CLIENT_GONE = "client_gone"  # the client left and no retry attached within the grace period
     REQUEUE = "requeue"  # the gate closed in abort mode: it runs again after resume
     ENGINE_LEFT = "engine_left"  # its engine was removed from the pool
+    GROUP_ABORTED = "group_aborted"  # a client aborted its group (GroupAborted): it ends, answered as aborted
+    STALE = "stale"  # past the staleness bound at a weight update: re-queued from scratch (weights.py)
+    STALE_PARTIAL = "stale_partial"  # past the bound: the engine answers it with its partial output
 
 
 class FailReason(enum.Enum):
@@ -105,4 +110,26 @@ class MarkEngine:
     detail: str = ""
 
 
-Command = Dispatch | Abort | Fail | Complete | MarkEngine
+class GroupOutcome(enum.Enum):
+    """How a group ended (core/group_table.py): the worst of its members' ends."""
+
+    FINISHED = "finished"  # every member completed
+    FAILED = "failed"  # a member failed (and none was aborted)
+    ABORTED = "aborted"  # a member was aborted (its group, abort_request) or its client left
+
+
+@dataclass(**_frozen)
+class RecordGroup:
+    """A group's last live member ended: record the group's outcome (metrics; group_table.py).
+
+    `completion_s`: from its first member's arrival to its last member's end (its slowest sibling).
+    `prefill_tokens_saved`: prompt tokens its members were placed to find cached by a sibling (estimated)."""
+
+    group: str
+    outcome: GroupOutcome
+    completion_s: float
+    members: int
+    prefill_tokens_saved: int = 0
+
+
+Command = Dispatch | Abort | Fail | Complete | MarkEngine | RecordGroup

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rolloutgate.core.events import ClockMode
+from rolloutgate.core.weights import ON_STALE, OnStale
 
 __all__ = ("PLACEMENTS", "GatewayCoreConfig", "Placement")
 
-Placement = Literal["session_affinity", "least_outstanding", "prefill_aware"]
-PLACEMENTS: tuple[Placement, ...] = ("session_affinity", "least_outstanding", "prefill_aware")
+Placement = Literal["session_affinity", "least_outstanding", "prefill_aware", "cache_warm"]
+PLACEMENTS: tuple[Placement, ...] = ("session_affinity", "least_outstanding", "prefill_aware", "cache_warm")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +58,9 @@ class GatewayCoreConfig:
         8  # a session moves when its engine has more than this many in flight above the least loaded
     )
     max_sessions: int = 100_000  # sessions remembered for affinity (LRU)
+    # cache_warm placement: each engine's prefix-cache room for the histories of the sessions bound to it, in
+    # tokens; a new session goes where its history fits (placement/cache_warm.py). math.inf: not known
+    engine_cache_tokens: float = math.inf
     # liveness
     engine_stall_timeout_s: float = (
         math.inf
@@ -67,6 +71,10 @@ class GatewayCoreConfig:
     # a request that arrives at an empty queue is placed at once, without passing through the queue: the
     # decision the queue would make for it alone (False: through the queue; the reference the tests compare)
     direct_arrivals: bool = True
+    # weight versions (weights.py): a request running since more than this many weight updates ago is stale
+    # at the next one (None: no bound), and is then re-queued from scratch or answered with its partial output
+    max_staleness: int | None = None
+    on_stale: OnStale = "requeue"
 
     def __post_init__(self) -> None:
         for name in (
@@ -94,5 +102,13 @@ class GatewayCoreConfig:
         for name in ("contention_min_prefill_tokens", "affinity_max_excess", "prefill_budget_exempt_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0 (None: off), got {self.max_staleness!r}")
+        if self.on_stale not in ON_STALE:
+            raise ValueError(f"on_stale must be one of {ON_STALE}, got {self.on_stale!r}")
+        if math.isnan(self.engine_cache_tokens) or self.engine_cache_tokens <= 0:
+            raise ValueError(
+                f"engine_cache_tokens must be > 0 (math.inf: unknown), got {self.engine_cache_tokens!r}"
+            )
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")

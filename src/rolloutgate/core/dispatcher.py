@@ -72,9 +72,10 @@ class Dispatcher:
         self._max_excess = max_excess
 
     def placement_request(self, r: RequestRecord) -> PlacementRequest:
-        """The placement view of a request, with its session's engine unless that engine is avoided."""
+        """The placement view of a request, with its session's engine (else its group's) unless avoided."""
         affine, cached = None, 0
-        entry = self._sessions.get(r.routing_key)
+        sessions = self._sessions
+        entry = sessions.get(r.routing_key, r.group)
         if entry is not None and entry[0] not in r.avoid_engines:
             affine, cached = entry
         return PlacementRequest(
@@ -84,6 +85,7 @@ class Dispatcher:
             affine_engine=affine,
             affine_cached_tokens=cached,
             avoid_engines=r.avoid_engines,
+            is_new_session=sessions.is_new_session(r.routing_key),
         )
 
     def place_arrival(self, r: RequestRecord, schedulable: Sequence[EngineRecord]) -> EngineRecord | None:
@@ -125,7 +127,7 @@ class Dispatcher:
             if best_kind == _OWN:
                 assert best_lane is not None
                 engine = engines[best_lane[0]]
-                uncached = self._sessions.uncached(r.routing_key, r.prompt_tokens, engine.engine_id)
+                uncached = self._sessions.uncached(r.routing_key, r.prompt_tokens, engine.engine_id, r.group)
                 if engine.slots.can_admit(uncached) and (
                     engine.engine_id not in reserved or engine.slots.is_exempt(uncached)
                 ):
@@ -235,7 +237,7 @@ class Dispatcher:
         return None if best_key is None else (best_id, best_lane, best_kind)
 
     def _is_exempt(self, r: RequestRecord, engine: EngineRecord) -> bool:
-        uncached = self._sessions.uncached(r.routing_key, r.prompt_tokens, engine.engine_id)
+        uncached = self._sessions.uncached(r.routing_key, r.prompt_tokens, engine.engine_id, r.group)
         return engine.slots.is_exempt(uncached)
 
     def _target_lane(self, placement: PlacementRequest, engines: Mapping[str, EngineRecord]) -> Lane:
@@ -313,6 +315,14 @@ class _ReservedView:
     @property
     def backlog_tokens(self) -> int:
         return self._engine.backlog_tokens
+
+    @property
+    def active_sessions(self) -> int:
+        return self._engine.active_sessions
+
+    @property
+    def session_tokens(self) -> int:
+        return self._engine.session_tokens
 
     def has_room(self) -> bool:
         return self._engine.has_room()

@@ -25,13 +25,16 @@ __all__ = (
     "Event",
     "GateClosed",
     "GateOpened",
+    "GroupAborted",
     "PauseMode",
     "ProgressReported",
     "QueueAborted",
     "RequestArrived",
     "RequestLimits",
+    "SessionEnded",
     "UpstreamFailed",
     "UpstreamFinished",
+    "WeightsUpdated",
 )
 
 _frozen = {"frozen": True, "slots": True, "kw_only": True}
@@ -95,6 +98,7 @@ class RequestArrived:
     prompt_tokens: int = 0  # estimated prompt length, for placement and prefill budgets
     streaming: bool = False  # the client reads a stream: once it has seen output, that output is visible
     pinned_engine: str | None = None  # dispatch only to this engine (e.g. a proxied engine-specific call)
+    group: str | None = None  # the n samples of one prompt share it: placed together (group_table.py)
 
     def __post_init__(self) -> None:
         if not self.request_id:
@@ -218,6 +222,25 @@ class EngineResumed:
 
 
 @dataclass(**_frozen)
+class GroupAborted:
+    """A client aborted a group (`POST /admin/abort_group`): every live member ends now, aborted; those
+    running are aborted on their engines first (group_table.py)."""
+
+    group: str
+
+    def __post_init__(self) -> None:
+        if not self.group:
+            raise ValueError("group must be non-empty")
+
+
+@dataclass(**_frozen)
+class SessionEnded:
+    """A session ended (DELETE, or its samples taken): its engine binding is released (session_table.py)."""
+
+    routing_key: str
+
+
+@dataclass(**_frozen)
 class QueueAborted:
     """A client asked to abort (SGLang `/abort_request`): the requests still waiting in the gateway end now,
     aborted; the engines answer their running ones themselves. All of them (`{"abort_all": true}`, miles' end
@@ -241,6 +264,15 @@ class GateOpened:
     pass
 
 
+@dataclass(**_frozen)
+class WeightsUpdated:
+    """The engines serve new weights (an update through the gate, or one the trainer made while the gate was
+    closed): the gateway's weight version advances by one, and requests past the staleness bound end their
+    attempt (core/weights.py). `engine_version`: the engines' own label of the new weights, when known."""
+
+    engine_version: str | None = None
+
+
 Event = (
     RequestArrived
     | ProgressReported
@@ -257,4 +289,7 @@ Event = (
     | QueueAborted
     | GateClosed
     | GateOpened
+    | GroupAborted
+    | SessionEnded
+    | WeightsUpdated
 )

@@ -30,7 +30,11 @@ Verdicts (ENGINE clock mode; DESIGN.md is authoritative):
 - retryable UpstreamFailed            -> re-queue avoiding that engine, up to max_attempts, then
   Fail(ATTEMPTS_EXHAUSTED); not retryable -> Fail(UPSTREAM); `engine_unreachable` -> MarkEngine(unhealthy)
 - client gone for retry_grace_s       -> Abort(CLIENT_GONE) if dispatched, forgotten (no Fail: no client)
+- its group aborted (GroupAborted)    -> Abort(GROUP_ABORTED) if dispatched + Fail(ABORTED), each live member;
+  a group's last member ending        -> RecordGroup (its outcome and completion time, group_table.py)
 - no healthy engine for no_engine_grace_s -> queued Fail(NO_ENGINE, retry_after), new ones fail at once
+- running past max_staleness at a weight update -> Abort(STALE) + re-queue from scratch, or
+  Abort(STALE_PARTIAL): its engine answers it with its partial output (weights.py)
 
 WALLCLOCK clock mode reproduces the incident's proxy: no admission limit (capacity and prefill budget are
 infinite, so everything is dispatched at once to the least outstanding engine), the timeout counts wall time
@@ -56,6 +60,7 @@ from rolloutgate.core.commands import (
     Command,
     Complete,
     FailReason,
+    GroupOutcome,
 )
 from rolloutgate.core.config import GatewayCoreConfig
 from rolloutgate.core.engine_state import EngineState
@@ -71,12 +76,15 @@ from rolloutgate.core.events import (
     Event,
     GateClosed,
     GateOpened,
+    GroupAborted,
     PauseMode,
     ProgressReported,
     QueueAborted,
     RequestArrived,
+    SessionEnded,
     UpstreamFailed,
     UpstreamFinished,
+    WeightsUpdated,
 )
 from rolloutgate.core.ledger import CHARGE_CLASSES, GatewayLedger, TimerKind
 from rolloutgate.core.records import EngineRecord, RequestRecord
@@ -108,8 +116,11 @@ class Gateway(GatewayLedger):
             EnginePaused: self._on_engine_paused,
             EngineResumed: self._on_engine_resumed,
             QueueAborted: self._on_queue_aborted,
+            GroupAborted: self._on_group_aborted,
+            SessionEnded: self._on_session_ended,
             GateClosed: self._on_gate_closed,
             GateOpened: self._on_gate_opened,
+            WeightsUpdated: self._on_weights_updated,
         }
 
     # --- public API ----------------------------------------------------------------------------------------
@@ -175,6 +186,16 @@ class Gateway(GatewayLedger):
         """The live timing breakdown of a request. Raises KeyError if it is unknown or has ended."""
         return self._breakdown(self._requests[request_id], now)
 
+    def oldest_queued_s(self, now: float) -> float:
+        """The longest queue time (the queue clock: time the gate was closed is not counted) of the requests
+        waiting now; 0.0 when none waits. O(waiting requests): read at scrape time, not on the hot path."""
+        requests = self._requests
+        return max((requests[rid].clock.queue_s(now) for rid in self._queue), default=0.0)
+
+    def group_members(self, group: str) -> tuple[str, ...]:
+        """The group's live members (request ids, in arrival order); empty once it has ended."""
+        return self._groups.members(group)
+
     def session_placement(self, routing_key: str) -> tuple[str, int] | None:
         """Where the session's prefix is believed to live: (engine id, cached prompt tokens), or None."""
         return self._sessions.get(routing_key)
@@ -199,6 +220,9 @@ class Gateway(GatewayLedger):
                 large_prefills=e.meter.large_prefills,
                 waiting=waiting.get(e.engine_id, 0),
                 is_resting=e.slots.is_resting,
+                generated_tokens=e.generated_tokens,
+                silent_since_at=e.liveness.silent_since_at(),
+                hung_at=self._hung_at(e),
             )
             for e in self._engines.values()
         )
@@ -217,6 +241,10 @@ class Gateway(GatewayLedger):
             sessions=len(self._sessions),
             fails=dict(self._fails),
             aborts=dict(self._aborts),
+            weight_version=self._weights.version,
+            engine_weight_version=self._weights.engine_version,
+            stale_requeued=self._weights.stale_requeued,
+            stale_partial=self._weights.stale_partial,
             **self._counts,
         )
 
@@ -252,6 +280,8 @@ class Gateway(GatewayLedger):
             self._reject(r, FailReason.QUEUE_FULL, now, out, self._config.retry_after_s, "queue full")
         else:
             self._requests[r.request_id] = r
+            if r.group is not None:
+                self._groups.join(r.group, r.request_id, now)
             engine = self._direct_engine(r)
             if engine is None:
                 self._enqueue(r, now)
@@ -285,6 +315,8 @@ class Gateway(GatewayLedger):
         if engine is None or (ev.attempt is not None and ev.attempt != r.attempt):
             return []
         r.tokens += ev.tokens
+        if not ev.engine_level:  # an engine-level share is an estimate; the request's own output follows
+            engine.generated_tokens += ev.tokens
         engine.liveness.last_progress_at = now
         if r.is_in_prefill:
             if ev.engine_level and now < r.prefill_due_at:
@@ -340,6 +372,7 @@ class Gateway(GatewayLedger):
         r.clock.finish(now)
         out: list[Command] = [Complete(request_id=r.request_id, timing=self._breakdown(r, now, engine_id))]
         self._counts["completed"] += 1
+        self._leave_group(r, GroupOutcome.FINISHED, now, out)
         self._free(r)
         self._pump(now, out)
         return out
@@ -405,6 +438,7 @@ class Gateway(GatewayLedger):
                 budget_exempt_tokens=self._config.prefill_budget_exempt_tokens,
                 rest_ratio=self._config.prefill_rest_ratio,
                 queue=self._queue,
+                sessions=self._sessions,
             )
             self._engines[ev.engine_id] = engine
         else:  # a re-probe: new limits, and its health as a health check
@@ -487,6 +521,20 @@ class Gateway(GatewayLedger):
             self._fail(self._requests[request_id], FailReason.ABORTED, now, out, detail="abort_request")
         return out
 
+    def _on_group_aborted(self, ev: GroupAborted, now: float) -> list[Command]:
+        out: list[Command] = []
+        for request_id in self._groups.members(ev.group):
+            r = self._requests[request_id]
+            abort = AbortReason.GROUP_ABORTED if r.engine is not None else None
+            self._fail(r, FailReason.ABORTED, now, out, abort=abort, detail="its group was aborted")
+        self._pump(now, out)  # their slots are free
+        return out
+
+    def _on_session_ended(self, ev: SessionEnded, now: float) -> list[Command]:
+        # Only the placement's memory changes: the session's calls still in flight or queued run on.
+        self._sessions.release(ev.routing_key)
+        return []
+
     # --- the gate ----------------------------------------------------------------------------------------
 
     def _on_gate_closed(self, ev: GateClosed, now: float) -> list[Command]:
@@ -515,6 +563,27 @@ class Gateway(GatewayLedger):
             engine.meter.set_paused(now, engine.is_paused)
             engine.liveness.note_resumed(now)
             self._touch(engine)
+        self._pump(now, out)
+        return out
+
+    def _on_weights_updated(self, ev: WeightsUpdated, now: float) -> list[Command]:
+        """One more weight version; what runs past the staleness bound ends its attempt (weights.py)."""
+        weights = self._weights
+        out: list[Command] = []
+        weights.advance(ev.engine_version)
+        running = [r for e in self._engines.values() for r in e.requests.values()]
+        for r in sorted(running, key=lambda r: r.sort_key):
+            if r.is_stale_answering or not weights.is_stale(r.started_version):
+                continue
+            if self._config.on_stale == "partial":  # its engine answers it with what it generated so far
+                self._abort(r, AbortReason.STALE_PARTIAL, out)
+                r.is_stale_answering = True
+                weights.stale_partial += 1
+            else:
+                self._abort(r, AbortReason.STALE, out)
+                self._detach(r, now, forgive=True)
+                self._requeue(r, now)
+                weights.stale_requeued += 1
         self._pump(now, out)
         return out
 

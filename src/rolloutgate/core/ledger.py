@@ -20,12 +20,22 @@ from __future__ import annotations
 import enum
 import math
 
-from rolloutgate.core.commands import Abort, AbortReason, Command, Dispatch, Fail, FailReason, MarkEngine
+from rolloutgate.core.commands import (
+    Abort,
+    AbortReason,
+    Command,
+    Dispatch,
+    Fail,
+    FailReason,
+    GroupOutcome,
+    MarkEngine,
+)
 from rolloutgate.core.config import GatewayCoreConfig
 from rolloutgate.core.dispatcher import Dispatcher
 from rolloutgate.core.engine_state import EngineState, transition
 from rolloutgate.core.events import ClockMode
 from rolloutgate.core.gate import Gate
+from rolloutgate.core.group_table import GroupTable
 from rolloutgate.core.liveness import prefill_allowance_s
 from rolloutgate.core.placement import make_policy
 from rolloutgate.core.records import FRONT_TIER, NO_ENGINES, EngineRecord, RequestRecord
@@ -35,6 +45,7 @@ from rolloutgate.core.session_table import SessionTable
 from rolloutgate.core.timer_heap import TimerHeap
 from rolloutgate.core.timing import TimingBreakdown
 from rolloutgate.core.wait_queue import WaitQueue
+from rolloutgate.core.weights import WeightVersions
 
 __all__ = ("CHARGE_CLASSES", "GatewayLedger", "TimerKind")
 
@@ -72,11 +83,15 @@ class GatewayLedger:
         self._queue_timers: TimerHeap[str] = TimerHeap()  # queue deadlines in pool-meter time
         self._timers: TimerHeap[_TimerKey] = TimerHeap()  # real time
         self._gate = Gate()
+        self._weights = WeightVersions(config.max_staleness)
         self._sessions = SessionTable(config.max_sessions)
+        self._groups = GroupTable()  # live groups (group_table.py); placed through the session table
         placement = config.placement if self._is_engine_mode else "least_outstanding"
         self._dispatcher = Dispatcher(
             queue=self._queue,
-            policy=make_policy(placement, max_excess=config.affinity_max_excess),
+            policy=make_policy(
+                placement, max_excess=config.affinity_max_excess, cache_tokens=config.engine_cache_tokens
+            ),
             sessions=self._sessions,
             is_affine=placement != "least_outstanding",  # the others wait for a session's engine
             max_excess=config.affinity_max_excess,
@@ -109,7 +124,10 @@ class GatewayLedger:
     def _dispatch(self, r: RequestRecord, engine: EngineRecord, now: float, out: list[Command]) -> None:
         rid = r.request_id
         self._drop_queue_timer(rid)
-        uncached = self._sessions.uncached(r.routing_key, r.prompt_tokens, engine.engine_id)
+        uncached = self._sessions.uncached(r.routing_key, r.prompt_tokens, engine.engine_id, r.group)
+        if r.group is not None:  # what its siblings' prefill there saves it, beyond its own session's
+            alone = self._sessions.uncached(r.routing_key, r.prompt_tokens, engine.engine_id)
+            self._groups.note_saved(r.group, alone - uncached)
         is_large = uncached >= self._config.contention_min_prefill_tokens
         r.uncached_tokens, r.is_in_prefill, r.is_large_prefill = uncached, True, is_large
         r.prefill_due_at = now + uncached / self._config.prefill_floor_tokens_per_s
@@ -126,8 +144,9 @@ class GatewayLedger:
         r.move_to(RequestState.DISPATCHED)
         r.engine = engine
         r.attempt += 1
+        r.started_version, r.is_stale_answering = self._weights.version, False
         r.avoid_engines = NO_ENGINES
-        self._sessions.record(r.routing_key, engine.engine_id, r.prompt_tokens)
+        self._sessions.record(r.routing_key, engine.engine_id, r.prompt_tokens, r.group)
         if self._is_engine_mode:
             self._arm_request(r, engine)
             self._touch(engine)
@@ -225,13 +244,17 @@ class GatewayLedger:
             meter.real_at(ChargeClass.SOLO, solo_timers.next_at(), now),
         )
         self._timers.set((TimerKind.CHARGE, engine.engine_id), charge_at)
-        live_at = math.inf
-        if engine.requests and not engine.is_paused and not self._gate.is_liveness_suspended:
-            live_at = engine.liveness.due_at(
-                floor_tokens_per_s=self._config.prefill_floor_tokens_per_s,
-                max_allowance_s=self._config.max_prefill_allowance_s,
-            )
-        self._timers.set((TimerKind.LIVE, engine.engine_id), live_at)
+        self._timers.set((TimerKind.LIVE, engine.engine_id), self._hung_at(engine))
+
+    def _hung_at(self, engine: EngineRecord) -> float:
+        """When the engine counts as hung if no progress comes (math.inf while it is not watched: no work,
+        paused, or the gate suspends liveness)."""
+        if not engine.requests or engine.is_paused or self._gate.is_liveness_suspended:
+            return math.inf
+        return engine.liveness.due_at(
+            floor_tokens_per_s=self._config.prefill_floor_tokens_per_s,
+            max_allowance_s=self._config.max_prefill_allowance_s,
+        )
 
     def _drop_queue_timer(self, request_id: str) -> None:
         queue_timers = self._queue_timers
@@ -288,6 +311,8 @@ class GatewayLedger:
         self._queue.remove(r.request_id)
         r.move_to(RequestState.TIMED_OUT if reason in _TIMED_OUT else RequestState.FAILED)
         self._answer_failed(r, reason, now, out, retry_after_s, detail, engine_id)
+        failed = GroupOutcome.ABORTED if reason is FailReason.ABORTED else GroupOutcome.FAILED
+        self._leave_group(r, failed, now, out)
         self._free(r)
 
     def _reject(
@@ -335,7 +360,15 @@ class GatewayLedger:
         self._queue.remove(r.request_id)
         r.move_to(RequestState.CANCELLED)
         self._counts["client_gone"] += 1
+        self._leave_group(r, GroupOutcome.ABORTED, now, out)
         self._free(r)
+
+    def _leave_group(self, r: RequestRecord, outcome: GroupOutcome, now: float, out: list[Command]) -> None:
+        """An ending request leaves its group; the group's record if it was the last (group_table.py)."""
+        if r.group is not None:
+            record = self._groups.leave(r.group, r.request_id, outcome, now)
+            if record is not None:
+                out.append(record)
 
     def _free(self, r: RequestRecord) -> None:
         rid = r.request_id

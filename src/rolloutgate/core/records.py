@@ -30,6 +30,7 @@ from rolloutgate.core.liveness import EngineLiveness
 from rolloutgate.core.placement.base import PlacementRequest
 from rolloutgate.core.request_clock import ChargeMeter, RequestClock
 from rolloutgate.core.request_state import RequestState, transition
+from rolloutgate.core.session_table import SessionTable
 from rolloutgate.core.timer_heap import TimerHeap
 from rolloutgate.core.wait_queue import SortKey, WaitQueue
 
@@ -49,9 +50,11 @@ class RequestRecord:
         "delivered_tokens",
         "engine",
         "fault_attempts",
+        "group",
         "is_disconnected",
         "is_in_prefill",
         "is_large_prefill",
+        "is_stale_answering",
         "limits",
         "pinned_engine",
         "prefill_due_at",
@@ -61,6 +64,7 @@ class RequestRecord:
         "request_id",
         "routing_key",
         "seq",
+        "started_version",
         "state",
         "streaming",
         "stuck_count",
@@ -78,6 +82,7 @@ class RequestRecord:
         self.prompt_tokens = event.prompt_tokens
         self.streaming = event.streaming
         self.pinned_engine = event.pinned_engine
+        self.group = event.group
         self.seq = seq
         self.tier = FRESH_TIER
         self.state = RequestState.RECEIVED
@@ -86,6 +91,8 @@ class RequestRecord:
         )
         self.engine: EngineRecord | None = None
         self.attempt = 0
+        self.started_version = 0  # the gateway's weight version its attempt was dispatched under (weights.py)
+        self.is_stale_answering = False  # aborted as stale, its engine answering it with its partial output
         self.fault_attempts = 1
         self.stuck_count = 0
         self.tokens = 0
@@ -116,8 +123,10 @@ class RequestRecord:
 class EngineRecord:
     __slots__ = (
         "_queue",
+        "_sessions",
         "endured_prefills",
         "engine_id",
+        "generated_tokens",
         "is_paused",
         "liveness",
         "meter",
@@ -142,11 +151,13 @@ class EngineRecord:
         budget_exempt_tokens: int = 0,
         rest_ratio: float = 0.0,
         queue: WaitQueue | None = None,
+        sessions: SessionTable | None = None,
     ) -> None:
         self.engine_id = engine_id
         self.order = order
         self.state = EngineState.HEALTHY if is_healthy else EngineState.UNHEALTHY
         self.is_paused = False
+        self.generated_tokens = 0  # output tokens its requests' own streams reported (not engine-level)
         self.slots = EngineSlots(
             capacity=capacity,
             prefill_token_budget=prefill_token_budget,
@@ -159,6 +170,7 @@ class EngineRecord:
         self.requests: dict[str, RequestRecord] = {}
         self.endured_prefills = 0  # the sum of its decoding requests' `prefills_endured`
         self._queue = queue  # the gateway's wait queue: what waits there for this engine (backlog_tokens)
+        self._sessions = sessions  # the gateway's session table: the sessions bound here (active_sessions)
         self.timers: tuple[TimerHeap[str], TimerHeap[str]] = (TimerHeap(), TimerHeap())
 
     # --- EngineView --------------------------------------------------------------------------------------
@@ -186,6 +198,14 @@ class EngineRecord:
         if queue is not None:
             backlog += queue.lane_weight((self.engine_id, False)) + queue.lane_weight((self.engine_id, True))
         return backlog
+
+    @property
+    def active_sessions(self) -> int:
+        return 0 if self._sessions is None else self._sessions.sessions_on(self.engine_id)
+
+    @property
+    def session_tokens(self) -> int:
+        return 0 if self._sessions is None else self._sessions.tokens_on(self.engine_id)
 
     def has_room(self) -> bool:
         return self.slots.has_room()

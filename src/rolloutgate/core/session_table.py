@@ -7,12 +7,23 @@ engine (session affinity, placement/session_affinity.py) and (b) is estimated to
 (admission.py, contention). The table is an LRU bounded by `max_entries`: a session not seen for long is
 forgotten, which only costs it its affinity.
 
+Groups (the n samples of one prompt, core/group_table.py) are remembered the same way in a second LRU of the
+same bound: the first sibling dispatched records the group on its engine with the shared prompt cached, so
+the next siblings prefer that engine and are estimated to cost (almost) nothing to prefill there. A request's
+own session entry, when it has one, wins over its group's.
+
+Each engine's bound sessions are counted (`sessions_on`) with the history they hold there (`tokens_on`):
+cache-warm placement (placement/cache_warm.py) sends a new session to the engine with the fewest. A session's
+end (`release`: DELETE, or its samples taken) frees its binding at once instead of waiting for the LRU.
+
 Rules:
 1. An entry names one engine; a session that moves is recorded on its new engine (the old cache is assumed
    useless to it).
 2. Entries are never trusted for placement on their own: the policy checks the engine is still schedulable.
 3. A weight update empties an engine's prefix cache (`EngineCacheFlushed`): its sessions stay (affinity costs
    nothing there) with 0 tokens cached, so their next turns count as the cold prefills they are.
+4. `sessions_on` and `tokens_on` count session entries only (not groups), and always equal the sums over the
+   live entries (every change goes through `_put` / `_drop`).
 """
 
 from __future__ import annotations
@@ -23,55 +34,116 @@ __all__ = ("SessionTable",)
 
 
 class SessionTable:
-    """LRU map: routing key -> (engine id, cached prompt tokens)."""
+    """LRU maps: routing key -> (engine id, cached prompt tokens), and group id -> the same."""
 
-    __slots__ = ("_entries", "_max_entries")
+    __slots__ = ("_entries", "_groups", "_max_entries", "_sessions_on", "_tokens_on")
 
     def __init__(self, max_entries: int) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be >= 1")
         self._max_entries = max_entries
         self._entries: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        self._groups: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        self._sessions_on: dict[str, int] = {}
+        self._tokens_on: dict[str, int] = {}
 
-    def get(self, routing_key: str | None) -> tuple[str, int] | None:
-        """The session's engine and cached tokens, or None (no key, or unknown/forgotten session)."""
-        if routing_key is None:
+    def get(self, routing_key: str | None, group: str | None = None) -> tuple[str, int] | None:
+        """The session's engine and cached tokens, else its group's, or None (no key, or unknown/forgotten)."""
+        if routing_key is not None:
+            entry = self._entries.get(routing_key)
+            if entry is not None:
+                return entry
+        if group is None:
             return None
-        return self._entries.get(routing_key)
+        return self._groups.get(group)
 
-    def record(self, routing_key: str | None, engine_id: str, cached_tokens: int) -> None:
-        """The session now lives on `engine_id` with `cached_tokens` of prefix (most recently used)."""
-        if routing_key is None:
-            return
-        entries = self._entries
-        entries[routing_key] = (engine_id, cached_tokens)
-        entries.move_to_end(routing_key)
-        if len(entries) > self._max_entries:
-            entries.popitem(last=False)
+    def is_new_session(self, routing_key: str | None) -> bool:
+        """A request with a routing key the table does not know: its session's first placement."""
+        return routing_key is not None and routing_key not in self._entries
+
+    def record(
+        self, routing_key: str | None, engine_id: str, cached_tokens: int, group: str | None = None
+    ) -> None:
+        """The session (and the group) now live on `engine_id` with `cached_tokens` of prefix (most recent)."""
+        if routing_key is not None:
+            self._put(routing_key, engine_id, cached_tokens)
+        if group is not None:
+            groups = self._groups
+            groups[group] = (engine_id, cached_tokens)
+            groups.move_to_end(group)
+            if len(groups) > self._max_entries:
+                groups.popitem(last=False)
 
     def grow(self, routing_key: str | None, engine_id: str, cached_tokens: int) -> None:
         """A request of the session finished on `engine_id`: its prefix there grew. Ignored if the session has
         moved to another engine meanwhile (an older turn finishing late must not pull it back)."""
-        entry = self.get(routing_key)
+        if routing_key is None:
+            return
+        entry = self._entries.get(routing_key)
         if entry is None or entry[0] == engine_id:
-            self.record(routing_key, engine_id, cached_tokens)
+            self._put(routing_key, engine_id, cached_tokens)
+
+    def release(self, routing_key: str) -> bool:
+        """The session ended (DELETE, samples taken): forget its binding. False if it was not bound."""
+        if routing_key not in self._entries:
+            return False
+        self._drop(routing_key)
+        return True
 
     def forget_cached(self, engine_id: str) -> None:
-        """`engine_id`'s prefix cache was emptied: its sessions stay there (affinity) with nothing cached."""
-        entries = self._entries
-        for key, (engine, cached) in entries.items():
-            if engine == engine_id and cached:
-                entries[key] = (engine, 0)  # a value update: the LRU order stays as it is
+        """`engine_id`'s prefix cache was emptied: its sessions and groups stay there (affinity) with nothing
+        cached."""
+        for table in (self._entries, self._groups):
+            for key, (engine, cached) in table.items():
+                if engine == engine_id and cached:
+                    table[key] = (engine, 0)  # a value update: the LRU order stays as it is
+        if engine_id in self._tokens_on:
+            self._tokens_on[engine_id] = 0
 
-    def uncached(self, routing_key: str | None, prompt_tokens: int, engine_id: str) -> int:
+    def uncached(
+        self, routing_key: str | None, prompt_tokens: int, engine_id: str, group: str | None = None
+    ) -> int:
         """Estimated prompt tokens `engine_id` must prefill for this request."""
-        entry = self.get(routing_key)
+        entry = self.get(routing_key, group)
         if entry is None or entry[0] != engine_id:
             return prompt_tokens
         return max(0, prompt_tokens - entry[1])
+
+    def sessions_on(self, engine_id: str) -> int:
+        """Sessions bound to `engine_id`."""
+        return self._sessions_on.get(engine_id, 0)
+
+    def tokens_on(self, engine_id: str) -> int:
+        """Prefix tokens the sessions bound to `engine_id` are believed to hold in its cache."""
+        return self._tokens_on.get(engine_id, 0)
+
+    @property
+    def groups(self) -> int:
+        return len(self._groups)
+
+    def _put(self, routing_key: str, engine_id: str, cached_tokens: int) -> None:
+        entries = self._entries
+        if routing_key in entries:
+            self._drop(routing_key)
+        entries[routing_key] = (engine_id, cached_tokens)
+        self._sessions_on[engine_id] = self._sessions_on.get(engine_id, 0) + 1
+        self._tokens_on[engine_id] = self._tokens_on.get(engine_id, 0) + cached_tokens
+        if len(entries) > self._max_entries:
+            self._drop(next(iter(entries)))
+
+    def _drop(self, routing_key: str) -> None:
+        engine_id, cached = self._entries.pop(routing_key)
+        left = self._sessions_on[engine_id] - 1
+        if left:
+            self._sessions_on[engine_id] = left
+            self._tokens_on[engine_id] -= cached
+        else:
+            del self._sessions_on[engine_id]
+            del self._tokens_on[engine_id]
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def __repr__(self) -> str:
-        return f"<SessionTable [{len(self._entries)}/{self._max_entries} sessions]>"
+        groups = f", {len(self._groups)} groups" if self._groups else ""
+        return f"<SessionTable [{len(self._entries)}/{self._max_entries} sessions{groups}]>"

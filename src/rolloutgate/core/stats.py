@@ -7,6 +7,7 @@ zero when the gateway is idle (a test checks this: no state leaks).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -24,6 +25,9 @@ class EngineStats:
     large_prefills: int  # prefills that count as contention
     waiting: int  # requests waiting for this engine (pinned or affine lanes)
     is_resting: bool = False  # taking no long prefill for a while after some (admission.py)
+    generated_tokens: int = 0  # output tokens its requests reported (a counter)
+    silent_since_at: float = -math.inf  # its last progress, or when it became busy or resumed if later
+    hung_at: float = math.inf  # when it counts as hung if no progress comes; math.inf while not watched
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,6 +50,10 @@ class GatewayStats:
     quarantined: int  # times an engine was caught hung
     fails: Mapping[str, int]  # FailReason value -> count
     aborts: Mapping[str, int]  # AbortReason value -> count
+    weight_version: int = 0  # the gateway's count of weight updates (weights.py)
+    engine_weight_version: str | None = None  # the engines' label of the last one, when told
+    stale_requeued: int = 0  # requests past the staleness bound at an update, re-queued from scratch
+    stale_partial: int = 0  # ... answered with their partial output (finish reason abort)
 
     @property
     def timeouts(self) -> int:

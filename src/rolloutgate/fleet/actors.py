@@ -23,7 +23,9 @@ from rolloutgate.fleet.assignment import EngineEntry, FleetView
 from rolloutgate.fleet.controller import FleetController
 from rolloutgate.fleet.handles import ControllerClient, ReplicaClient, current_actor, node_ip_address
 from rolloutgate.fleet.links import EngineChange, JoinResult, ReplicaInfo
+from rolloutgate.fleet.operations import ReplicaResult
 from rolloutgate.fleet.replica import FleetReplica
+from rolloutgate.server.answer import Answer
 
 __all__ = ("ControllerActor", "ReplicaActor", "run_at_normal_priority")
 
@@ -83,6 +85,9 @@ class _Controller:
     async def departures(self) -> list[tuple[str, str]]:
         return list(self._controller.departures)
 
+    async def operate(self, name: str, body: dict[str, Any], query: dict[str, str]) -> Answer:
+        return await self._controller.operate(name, body, query)
+
 
 def run_at_normal_priority() -> None:
     """Ray starts its workers at nice 15 (raylet's `worker_niceness`), under everything else on the node. A
@@ -129,6 +134,10 @@ class _Replica:
     async def joined(self, url: str, version: int, timeout_s: float) -> JoinResult:
         await self._started
         return await self._replica.joined(url, version, timeout_s)
+
+    async def operate(self, name: str, body: dict[str, Any], query: dict[str, str]) -> ReplicaResult:
+        await self._started
+        return await self._replica.operate(name, body, query)
 
     async def describe(self) -> dict[str, Any]:
         await self._started

@@ -24,6 +24,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from rolloutgate.fleet.assignment import Assignment, EngineEntry, FleetView, Move, engine_fleet_id
 from rolloutgate.fleet.links import (
@@ -32,6 +33,8 @@ from rolloutgate.fleet.links import (
     ReplicaLink,
     ReplicaUnreachable,
 )
+from rolloutgate.fleet.operations import ReplicaResult, compose, operation_named
+from rolloutgate.server.answer import Answer
 
 __all__ = ("FleetController",)
 
@@ -175,6 +178,32 @@ class FleetController:
         if url in self._entries:
             return url
         return next((u for u in self._entries if engine_fleet_id(u) == ref), None)
+
+    # -- fleet-wide operations (fleet/operations.py) ------------------------------------------------------
+
+    async def operate(self, name: str, body: dict[str, Any], query: dict[str, str]) -> Answer:
+        """Run engine-control operation `name` on every live replica at once; the fleet's answer says which
+        replicas and engines took part, and fails where an engine's owner did not (fleet/operations.py)."""
+        operation = operation_named(name)
+        view = self._view
+        links = {r: self._links[r] for r in view.replicas if r in self._links}
+
+        async def one(replica_id: str, link: ReplicaLink) -> ReplicaResult | str:
+            try:
+                return await link.operate(name, body, query, operation.timeout_s)
+            except ReplicaUnreachable as exc:
+                self._spawn_check(replica_id)
+                return str(exc)
+
+        answers = await asyncio.gather(*(one(r, link) for r, link in links.items()))
+        results = dict(zip(links, answers, strict=True))
+        log.info(
+            "fleet %s on %d replicas: %s",
+            name,
+            len(results),
+            ", ".join(f"{r} {a if isinstance(a, str) else a.answer.status}" for r, a in results.items()),
+        )
+        return compose(operation, view, results)
 
     # -- the view ----------------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ hop.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from collections.abc import AsyncIterator
@@ -28,18 +29,23 @@ from aiohttp.typedefs import Handler
 from rolloutgate.errors import Unavailable
 from rolloutgate.fleet.assignment import FleetView
 from rolloutgate.fleet.forward import HopFailed, forward, hop_session
-from rolloutgate.fleet.links import ControllerLink
+from rolloutgate.fleet.links import ControllerLink, ControllerUnreachable
+from rolloutgate.fleet.operations import OPERATIONS, operation_named
 from rolloutgate.fleet.registration import serve_registration
 from rolloutgate.fleet.routing import (
     FORWARDED_HEADER,
     REPLICA_HEADER,
     REPLICA_URL_HEADER,
+    FleetWide,
     Forward,
     Here,
     decide,
 )
+from rolloutgate.server.auth import check_admin, check_worker_admin
+from rolloutgate.server.context import CONTEXT
 from rolloutgate.server.front import routing_key_of
 from rolloutgate.server.guard import error_response, guarded
+from rolloutgate.server.validate import parse_body
 
 __all__ = ("FleetMember", "install")
 
@@ -77,6 +83,27 @@ def install(app: web.Application, member: FleetMember) -> None:
     hops = _HopPool()
     registration = guarded(lambda request: serve_registration(request, member.controller))
 
+    async def fleet_wide(request: web.Request, name: str) -> web.StreamResponse:
+        settings = request.app[CONTEXT].settings
+        access = operation_named(name).access
+        if access == "admin":
+            check_admin(request, settings)
+        elif access == "worker":
+            check_worker_admin(request, settings)
+        raw = await request.read()
+        body = parse_body(raw, settings) if raw.strip() else {}
+        try:
+            answer = await member.controller.operate(name, body, dict(request.query))
+        except ControllerUnreachable as exc:
+            raise Unavailable(
+                f"the fleet's controller did not answer ({exc}); retry it (each operation is safe to repeat)",
+                retry_after_s=1,
+                code="controller_unavailable",
+            ) from None
+        return answer.response()
+
+    fleet_wide_calls = {name: guarded(functools.partial(fleet_wide, name=name)) for name in OPERATIONS}
+
     @web.middleware
     async def fleet_edge(request: web.Request, handler: Handler) -> web.StreamResponse:
         decision = decide(
@@ -87,9 +114,12 @@ def install(app: web.Application, member: FleetMember) -> None:
             view=member.view,
             self_id=member.replica_id,
             nonce=f"{member.replica_id}:{next(nonces)}",
+            scope=request.query.get("scope"),
         )
         if isinstance(decision, Here):
             return await handler(request)
+        if isinstance(decision, FleetWide):
+            return await fleet_wide_calls[decision.name](request)
         if not isinstance(decision, Forward):
             return await registration(request)
         assert hops.session is not None, "the hop pool opens with the app"

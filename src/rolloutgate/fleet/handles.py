@@ -24,6 +24,8 @@ from rolloutgate.fleet.links import (
     ReplicaInfo,
     ReplicaUnreachable,
 )
+from rolloutgate.fleet.operations import ReplicaResult, operation_named
+from rolloutgate.server.answer import Answer
 
 __all__ = ("ControllerClient", "ReplicaClient", "current_actor", "node_ip_address")
 
@@ -67,6 +69,18 @@ class ReplicaClient:
             raise ReplicaUnreachable(type(exc).__name__, final=True) from None
         except TimeoutError:
             raise ReplicaUnreachable(f"no answer in {timeout_s:g} s") from None
+        return result
+
+    async def operate(
+        self, name: str, body: dict[str, Any], query: dict[str, str], timeout_s: float
+    ) -> ReplicaResult:
+        try:
+            async with asyncio.timeout(timeout_s):
+                result: ReplicaResult = await self._handle.operate.remote(name, body, query)
+        except _GONE as exc:
+            raise ReplicaUnreachable(type(exc).__name__, final=True) from None
+        except TimeoutError:
+            raise ReplicaUnreachable(f"{name}: no answer in {timeout_s:g} s") from None
         return result
 
 
@@ -119,3 +133,9 @@ class ControllerClient:
 
     async def suspect(self, replica_id: str) -> None:
         await self._call("suspect", replica_id)
+
+    async def operate(self, name: str, body: dict[str, Any], query: dict[str, str]) -> Answer:
+        # the replicas' own time limits bound it (fleet/operations.py); this one only outlasts them
+        operation = operation_named(name)
+        answer: Answer = await self._call("operate", name, body, query, timeout_s=operation.timeout_s + 30.0)
+        return answer

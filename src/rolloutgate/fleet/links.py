@@ -12,9 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rolloutgate.fleet.assignment import EngineEntry, FleetView
+
+if TYPE_CHECKING:
+    from rolloutgate.fleet.operations import ReplicaResult
+    from rolloutgate.server.answer import Answer
 
 __all__ = (
     "ControllerLink",
@@ -82,6 +86,13 @@ class ReplicaLink(Protocol):
         ReplicaUnreachable."""
         ...
 
+    async def operate(
+        self, name: str, body: dict[str, Any], query: dict[str, str], timeout_s: float
+    ) -> ReplicaResult:
+        """Run fleet-wide operation `name` on the replica's gateway (fleet/operations.py). Raises
+        ReplicaUnreachable."""
+        ...
+
 
 class ControllerLink(Protocol):
     """A replica's calls to the controller. Each raises ControllerUnreachable."""
@@ -103,3 +114,5 @@ class ControllerLink(Protocol):
     async def remove_engine(self, ref: str) -> EngineChange: ...
 
     async def suspect(self, replica_id: str) -> None: ...
+
+    async def operate(self, name: str, body: dict[str, Any], query: dict[str, str]) -> Answer: ...

@@ -34,6 +34,7 @@ from rolloutgate.engines.base import UpstreamError
 from rolloutgate.fleet import edge
 from rolloutgate.fleet.assignment import EngineEntry, FleetView, check_replica_id, mint_session_id
 from rolloutgate.fleet.links import ControllerLink, ControllerUnreachable, JoinResult, ReplicaInfo
+from rolloutgate.fleet.operations import ReplicaResult, run_here
 from rolloutgate.server.app import GatewayServer
 from rolloutgate.server.context import CONTEXT
 from rolloutgate.server.pool import EnginePool
@@ -98,6 +99,18 @@ class FleetReplica:
         with contextlib.suppress(ControllerUnreachable):
             await self.controller.suspect(replica_id)
 
+    def _state_section(self) -> dict[str, Any]:
+        """`/admin/state`'s "fleet": this replica, and the fleet as its view has it."""
+        view = self.view
+        return {
+            "replica_id": self.replica_id,
+            "incarnation": self.incarnation,
+            "epoch": view.epoch,
+            "view_version": view.version,
+            "replicas": dict(view.replicas),
+            "owners": dict(view.owners),
+        }
+
     # -- lifecycle -------------------------------------------------------------------------------------------
 
     async def start(self) -> str:
@@ -131,6 +144,7 @@ class FleetReplica:
 
     def _configure(self, app: web.Application) -> None:
         edge.install(app, self)
+        app[CONTEXT].state_sections["fleet"] = self._state_section
         sessions: SessionService = app[CONTEXT].extras["sessions"]
         sessions.registry.mint_ids_with(lambda: mint_session_id(self.replica_id, uuid.uuid4().hex))
 
@@ -177,6 +191,10 @@ class FleetReplica:
         pool = self._pool()
         handle = pool.by_url(url)
         return JoinResult(ok=True, worker=pool.describe(handle) if handle is not None else {"url": url})
+
+    async def operate(self, name: str, body: dict[str, Any], query: dict[str, str]) -> ReplicaResult:
+        assert self.server is not None
+        return await run_here(self.server.app, name, body, query)
 
     def describe(self) -> dict[str, Any]:
         """The replica at a glance: id, URL, view version, its engines as its pool holds them."""

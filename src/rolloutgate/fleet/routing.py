@@ -14,9 +14,12 @@ carries out the answer.
   owner (`FleetView.key_owner`).
 - An inference call without a key is served here if this replica owns an engine (any replica accepts any
   request), else at a replica that does.
-- Everything else (admin, gate, `/abort_request`, `/flush_cache`, `/metrics`, `/health`, the engine proxy)
-  is served here. Only inference and session paths are ever forwarded: the owner judges the caller's rights
-  by its address, which for a forwarded call is the forwarder's, so engine control is never forwarded.
+- Engine control (`/admin/pause`, `/admin/resume`, `/admin/update_weights`, `/abort_request`, `/flush_cache`,
+  `/engine_metrics`, and with `?scope=fleet` `/admin/state` and `/metrics`) is for the whole fleet: this replica judges the caller's
+  rights, and the controller runs it on every replica over Ray (fleet/operations.py), never over a hop.
+- Everything else (`/admin/state`, `/metrics`, `/health`, the engine proxy) is served here. Only inference and
+  session paths are ever forwarded: the owner judges the caller's rights by its address, which for a
+  forwarded call is the forwarder's.
 """
 
 from __future__ import annotations
@@ -26,12 +29,15 @@ from dataclasses import dataclass
 from rolloutgate.fleet.assignment import FleetView
 
 __all__ = (
+    "FLEET_READS",
+    "FLEET_WIDE",
     "FORWARDED_HEADER",
     "INFERENCE_PATHS",
     "REPLICA_HEADER",
     "REPLICA_URL_HEADER",
     "VIA_HEADER",
     "Decision",
+    "FleetWide",
     "Forward",
     "Here",
     "ToController",
@@ -55,6 +61,18 @@ REGISTRATION = frozenset(
     }
 )
 _SESSIONS = "/sessions"
+# engine control for the whole fleet (fleet/operations.py runs them): (method, path) -> operation name
+FLEET_WIDE = {
+    ("POST", "/admin/pause"): "pause",
+    ("POST", "/admin/resume"): "resume",
+    ("POST", "/admin/update_weights"): "update_weights",
+    ("POST", "/abort_request"): "abort_request",
+    ("GET", "/flush_cache"): "flush_cache",
+    ("POST", "/flush_cache"): "flush_cache",
+    ("GET", "/engine_metrics"): "engine_metrics",
+}
+# `?scope=fleet` makes these reads of every replica: (method, path) -> operation name
+FLEET_READS = {("GET", "/admin/state"): "state", ("GET", "/metrics"): "metrics"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +93,14 @@ class ToController:
     """Engine registration or the fleet-wide engine list: fleet/registration.py asks the controller."""
 
 
-Decision = Here | Forward | ToController
+@dataclass(frozen=True, slots=True)
+class FleetWide:
+    """Engine control for the whole fleet: operation `name` on every replica, through the controller."""
+
+    name: str
+
+
+Decision = Here | Forward | ToController | FleetWide
 HERE = Here()
 TO_CONTROLLER = ToController()
 
@@ -104,13 +129,20 @@ def decide(
     view: FleetView,
     self_id: str,
     nonce: str,
+    scope: str | None = None,
 ) -> Decision:
     """Where to serve one request (module docstring). `nonce`: unique per request, spreads the requests that
-    have no key of their own (new sessions; keyless calls at a replica without engines)."""
+    have no key of their own (new sessions; keyless calls at a replica without engines). `scope`: the query's
+    `scope` (`fleet` asks `/admin/state` of every replica)."""
     if (method, path) in REGISTRATION or (method == "DELETE" and path.startswith("/workers/")):
         return TO_CONTROLLER
     if forwarded_by:
         return HERE
+    fleet_wide = FLEET_WIDE.get((method, path))
+    if fleet_wide is not None:
+        return FleetWide(fleet_wide)
+    if scope == "fleet" and (method, path) in FLEET_READS:
+        return FleetWide(FLEET_READS[method, path])
     if path == _SESSIONS:
         if method != "POST":
             return HERE

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from rolloutgate.core.events import (
     EngineCacheFlushed,
@@ -34,16 +35,18 @@ from rolloutgate.core.events import (
     GateClosed,
     GateOpened,
     PauseMode,
+    WeightsUpdated,
 )
 from rolloutgate.engines.base import UpstreamError
 from rolloutgate.errors import BadRequest
+from rolloutgate.server.answer import Answer
 from rolloutgate.server.auth import check_admin
 from rolloutgate.server.context import CONTEXT, GatewayContext
 from rolloutgate.server.guard import guarded
 from rolloutgate.server.pool import EngineHandle
 from rolloutgate.server.validate import parse_body
 
-__all__ = ("add_routes",)
+__all__ = ("add_routes", "gateway_state", "pause_gate", "resume_gate", "update_all_weights")
 
 _UPDATE_PATHS = frozenset(
     {
@@ -139,11 +142,15 @@ async def _wait_drained(ctx: GatewayContext, engine_ids: set[str], deadline_s: f
     return False
 
 
-async def pause(request: web.Request) -> web.Response:
-    ctx = request.app[CONTEXT]
-    check_admin(request, ctx.settings)
-    mode = _mode(await _body(request, ctx))
-    gate = request.app[GATE]
+def _urls(engines: list[EngineHandle]) -> tuple[str, ...]:
+    return tuple(e.url for e in engines)
+
+
+async def pause_gate(app: web.Application, body: dict[str, Any]) -> Answer:
+    """`POST /admin/pause`: close the gate, pause the engines where the mode needs it."""
+    ctx = app[CONTEXT]
+    mode = _mode(body)
+    gate = app[GATE]
     engines = list(ctx.pool.engines.values())
     if _gate_mode(ctx) is None:  # a second pause while closed changes nothing at the engines' health
         for engine in engines:
@@ -151,47 +158,64 @@ async def pause(request: web.Request) -> web.Response:
         gate.held = [e.engine_id for e in engines]
     ctx.driver.handle(GateClosed(mode=mode))
     errors = await _pause_engines(engines, mode)
-    return _json({"status": "paused", "mode": mode.value, "engines": errors})
+    return Answer(200, {"status": "paused", "mode": mode.value, "engines": errors}, engines=_urls(engines))
 
 
-async def resume(request: web.Request) -> web.Response:
-    ctx = request.app[CONTEXT]
-    check_admin(request, ctx.settings)
-    weights_updated = (await _body(request, ctx)).get("weights_updated", False)
+async def resume_gate(app: web.Application, body: dict[str, Any]) -> Answer:
+    """`POST /admin/resume`: continue the engines the gateway paused, open the gate."""
+    ctx = app[CONTEXT]
+    weights_updated = body.get("weights_updated", False)
     if not isinstance(weights_updated, bool):
         raise BadRequest("weights_updated must be true or false", param="weights_updated")
-    gate = request.app[GATE]
-    await _resume_engines(list(ctx.pool.engines.values()), _gate_mode(ctx) or PauseMode.DRAIN)
+    gate = app[GATE]
+    engines = list(ctx.pool.engines.values())
+    await _resume_engines(engines, _gate_mode(ctx) or PauseMode.DRAIN)
     if weights_updated:  # the trainer updated the engines itself while the gate was closed (e.g. over NCCL)
         for engine_id in ctx.pool.engines:
             ctx.driver.handle(EngineCacheFlushed(engine_id=engine_id))
+        ctx.driver.handle(WeightsUpdated())
     held, gate.held = gate.held, []
     for engine_id in held:
         if engine_id in ctx.pool.engines:
             ctx.pool.engines[engine_id].maintenance -= 1
     ctx.driver.handle(GateOpened())
-    return _json({"status": "resumed"})
+    return Answer(200, {"status": "resumed"}, engines=_urls(engines))
 
 
 async def state(request: web.Request) -> web.Response:
-    ctx = request.app[CONTEXT]
-    check_admin(request, ctx.settings)
+    check_admin(request, request.app[CONTEXT].settings)
+    return _json(gateway_state(request.app))
+
+
+def gateway_state(app: web.Application) -> dict[str, Any]:
+    """`GET /admin/state`: the gate, the queue, the engines, and the sections parts mounted."""
+    ctx = app[CONTEXT]
     stats = ctx.driver.core.stats()
     now = ctx.driver.clock.now()
-    gate = request.app[GATE]
-    return _json(
-        {
-            "gate": {
-                "open": stats.gate == "open",
-                "mode": None if stats.gate == "open" else stats.gate,
-                "closed_for_s": None if stats.gate == "open" else round(now - stats.gate_closed_at, 3),
-                "last_update": gate.last_update,
-            },
-            "queue_depth": stats.queue_depth,
-            "in_flight": dict(stats.in_flight),
-            "engines": [ctx.pool.describe(e) for e in ctx.pool.engines.values()],
-        }
-    )
+    gate = app[GATE]
+    in_core = {e.engine_id: e for e in stats.engines}
+    is_gate_open = stats.gate == "open"
+    return {
+        "gate": {
+            "open": stats.gate == "open",
+            "mode": None if stats.gate == "open" else stats.gate,
+            "closed_for_s": None if stats.gate == "open" else round(now - stats.gate_closed_at, 3),
+            "last_update": gate.last_update,
+        },
+        "queue_depth": stats.queue_depth,
+        "in_flight": dict(stats.in_flight),
+        "weights": {  # the gateway's count of updates, the engines' label beside it (core/weights.py)
+            "version": stats.weight_version,
+            "engine_version": stats.engine_weight_version,
+            "stale_requeued": stats.stale_requeued,
+            "stale_partial": stats.stale_partial,
+        },
+        "engines": [
+            ctx.pool.describe_live(e, in_core.get(e.engine_id), is_gate_open=is_gate_open, now=now)
+            for e in ctx.pool.engines.values()
+        ],
+        **{name: read() for name, read in ctx.state_sections.items()},  # parts mounted later (the fleet)
+    }
 
 
 async def _update_one(
@@ -223,12 +247,10 @@ async def _update_one(
     }
 
 
-async def update_weights(request: web.Request) -> web.Response:
-    """Body: {"path": "/update_weights_from_disk", "body": {...}, "mode": "in_place", "staggered": false,
-    "drain_timeout": seconds}. Answers with per-engine results and timings."""
-    ctx = request.app[CONTEXT]
-    check_admin(request, ctx.settings)
-    body = await _body(request, ctx)
+async def update_all_weights(app: web.Application, body: dict[str, Any]) -> Answer:
+    """`POST /admin/update_weights`. Body: {"path": "/update_weights_from_disk", "body": {...}, "mode":
+    "in_place", "staggered": false, "drain_timeout": seconds}. Answers with per-engine results and timings."""
+    ctx = app[CONTEXT]
     path = body.get("path", "/update_weights_from_disk")
     if not isinstance(path, str) or path not in _UPDATE_PATHS:
         raise BadRequest(f"'path' must be one of {sorted(_UPDATE_PATHS)}", param="path", code="invalid_path")
@@ -254,11 +276,12 @@ async def update_weights(request: web.Request) -> web.Response:
         )
     engines = list(ctx.pool.engines.values())
     started = ctx.driver.clock.now()
-    gate = request.app[GATE]
+    gate = app[GATE]
     if body.get("staggered"):
         results = []
         for engine in engines:
             results.append(await _update_staggered(ctx, engine, path, payload, mode, drain_timeout))
+        _count_update(ctx, results)  # once the whole pool serves the new weights
     else:
         ctx.driver.handle(GateClosed(mode=mode))
         try:
@@ -270,6 +293,7 @@ async def update_weights(request: web.Request) -> web.Response:
                 await _pause_engines(engines, mode)
                 results = list(await asyncio.gather(*(_update_one(ctx, e, path, payload) for e in engines)))
                 await _resume_engines(engines, mode)
+                _count_update(ctx, results)
         finally:
             ctx.driver.handle(GateOpened())
     report = {
@@ -280,7 +304,14 @@ async def update_weights(request: web.Request) -> web.Response:
         "engines": results,
     }
     gate.last_update = report
-    return _json(report, status=200 if report["ok"] else 502)
+    return Answer(200 if report["ok"] else 502, report, engines=_urls(engines))
+
+
+def _count_update(ctx: GatewayContext, results: list[dict[str, Any]]) -> None:
+    """An update that reached some engine is one more weight version for the core (core/weights.py)."""
+    versions = [r["weight_version"] for r in results if r["ok"]]
+    if versions:
+        ctx.driver.handle(WeightsUpdated(engine_version=versions[0]))
 
 
 async def _update_staggered(
@@ -304,9 +335,21 @@ async def _update_staggered(
         ctx.driver.handle(EngineResumed(engine_id=engine.engine_id))
 
 
+def _admin_call(operation: Callable[[web.Application, dict[str, Any]], Awaitable[Answer]]) -> Handler:
+    """The HTTP handler of an admin operation: the caller's rights, the body, the answer."""
+
+    async def handler(request: web.Request) -> web.Response:
+        ctx = request.app[CONTEXT]
+        check_admin(request, ctx.settings)
+        answer = await operation(request.app, await _body(request, ctx))
+        return answer.response()
+
+    return guarded(handler)
+
+
 def add_routes(app: web.Application) -> None:
     app[GATE] = GateRecord()
-    app.router.add_post("/admin/pause", guarded(pause))
-    app.router.add_post("/admin/resume", guarded(resume))
+    app.router.add_post("/admin/pause", _admin_call(pause_gate))
+    app.router.add_post("/admin/resume", _admin_call(resume_gate))
     app.router.add_get("/admin/state", guarded(state))
-    app.router.add_post("/admin/update_weights", guarded(update_weights))
+    app.router.add_post("/admin/update_weights", _admin_call(update_all_weights))

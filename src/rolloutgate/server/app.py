@@ -20,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -35,14 +37,16 @@ from rolloutgate.core.gateway import Gateway, GatewayCoreConfig
 from rolloutgate.engines.base import UpstreamError
 from rolloutgate.errors import GatewayError, Unavailable
 from rolloutgate.runtime_clock import LoopClock
-from rolloutgate.server import admin, engine_metrics, fan_out, front, workers
+from rolloutgate.server import admin, engine_metrics, fan_out, front, groups, workers
 from rolloutgate.server.attach import Attachments
+from rolloutgate.server.cache_hits import observe_cache_hits
 from rolloutgate.server.context import CONTEXT, GatewayContext
 from rolloutgate.server.driver import Driver
 from rolloutgate.server.exchange import Exchange, Finished
 from rolloutgate.server.metrics import Metrics
 from rolloutgate.server.pool import EnginePool
 from rolloutgate.server.sessions_mount import mount_sessions
+from rolloutgate.server.trace import attach_trace
 
 __all__ = ("GatewayServer", "build_app", "core_config")
 
@@ -93,9 +97,14 @@ def core_config(settings: GatewaySettings) -> GatewayCoreConfig:
         contention_min_prefill_tokens=settings.contention_min_prefill_tokens,
         affinity_max_excess=settings.affinity_max_excess,
         placement=settings.placement,
+        engine_cache_tokens=(
+            math.inf if settings.engine_cache_tokens is None else settings.engine_cache_tokens
+        ),
         # the budget governs the prefills that contend (docs/prefill.md); smaller ones need only a slot
         prefill_budget_exempt_tokens=settings.contention_min_prefill_tokens,
         prefill_rest_ratio=settings.prefill_rest_ratio,
+        max_staleness=settings.max_staleness,
+        on_stale=settings.on_stale,
     )
 
 
@@ -133,6 +142,7 @@ def build_app(settings: GatewaySettings) -> web.Application:
         engine_poll_s=clock.real_seconds(engine_poll_interval(settings)),
     )
     driver.on_end.append(_log_request)
+    driver.on_end.append(partial(observe_cache_hits, metrics))
     pool = EnginePool(settings, driver.handle, clock.real_seconds, driver.core.engine_state)
     driver.pool = pool
     attachments = Attachments(ttl_s=settings.result_ttl, max_entries=settings.result_cache_entries)
@@ -142,11 +152,14 @@ def build_app(settings: GatewaySettings) -> web.Application:
         settings=settings, metrics=metrics, driver=driver, pool=pool, attachments=attachments
     )
     metrics.watch(lambda: _state(ctx))
+    if settings.record_trace:
+        ctx.extras["trace"] = attach_trace(settings, driver, pool)
     app[CONTEXT] = ctx
     app.cleanup_ctx.append(_lifecycle)
     front.add_routes(app)
     workers.add_routes(app)
     admin.add_routes(app)
+    groups.add_routes(app)
     fan_out.add_routes(app)
     engine_metrics.add_routes(app)
     mount_sessions(app)
@@ -193,6 +206,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         for task in joiners:
             task.cancel()
         await driver.close()
+        if "trace" in ctx.extras:
+            ctx.extras["trace"].close()  # after the last request ended (GatewayServer.stop)
         await pool.close()
         await session.close()
         if cluster is not None:
@@ -223,6 +238,8 @@ def _state(ctx: GatewayContext) -> dict[str, Any]:
         "queue_depth": stats.queue_depth,
         "in_flight": dict(stats.in_flight),
         "engine_states": dict(stats.engine_states),
+        "queue_oldest_s": ctx.driver.core.oldest_queued_s(ctx.driver.clock.now()),
+        "gate": stats.gate,
     }
 
 

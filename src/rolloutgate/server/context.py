@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,8 @@ class GatewayContext:
     attachments: Attachments
     session: aiohttp.ClientSession = field(init=False)  # created when the app starts (needs a loop)
     extras: dict[str, Any] = field(default_factory=dict)  # parts mounted later (sessions, sim cluster)
+    # more top-level sections of `/admin/state`, each read when asked (a fleet replica's "fleet")
+    state_sections: dict[str, Callable[[], Any]] = field(default_factory=dict)
     draining: bool = False  # shutting down: new requests get 503, in-flight ones finish (app.py)
     active_requests: int = 0  # handlers running now (counted by server/guard.py)
     # one per gateway process, in `/health` (miles' `session_server_instance_id`: a restart is a new instance)

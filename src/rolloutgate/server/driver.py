@@ -10,9 +10,11 @@ time-scaled simulator.
 Commands:
 - Dispatch: start (or restart) the exchange's upstream call on the chosen engine (`EngineClient.start`); a
   call whose answer comes whole (its client does not stream) is watched at engine level (engine_watch.py).
-- Abort: close the upstream connection and call the engine's abort API with the attempt's upstream id.
+- Abort: close the upstream connection and call the engine's abort API with the attempt's upstream id
+  (a stale request's partial abort only calls the API: the engine answers the open call with its output).
 - Complete / Fail: put the terminal item into the exchange's outbox (the handler writes it).
 - MarkEngine: log the engine's new state (the core keeps it).
+- RecordGroup: count the group's outcome, completion time and prefill saved (metrics).
 
 Observers: `Driver.observers` are called with every verdict of the core, before its commands run:
 `observer(now, event, commands)` with the gateway time, the event the core was told (None for one of its own
@@ -39,11 +41,13 @@ from rolloutgate.core.commands import (
     Fail,
     FailReason,
     MarkEngine,
+    RecordGroup,
 )
 from rolloutgate.core.events import (
     ClientAttached,
     ClientDisconnected,
     Event,
+    GroupAborted,
     ProgressReported,
     QueueAborted,
     RequestArrived,
@@ -67,6 +71,7 @@ __all__ = ("Driver", "Observer", "upstream_id")
 log = logging.getLogger("rolloutgate.driver")
 
 Observer = Callable[[float, Event | None, list[Command]], None]  # (gateway time, event or None, commands)
+_STALE_ACTIONS = {AbortReason.STALE: "requeued", AbortReason.STALE_PARTIAL: "partial"}  # metric labels
 
 
 def upstream_id(request_id: str, attempt: int, client_rid: str | None = None) -> str:
@@ -238,6 +243,8 @@ class Driver:
                 self._abort(command)
             elif isinstance(command, MarkEngine):
                 self._mark_engine(command)
+            elif isinstance(command, RecordGroup):
+                self._record_group(command)
 
     def _dispatch(self, command: Dispatch) -> None:
         exchange = self.exchanges.get(command.request_id)
@@ -363,8 +370,14 @@ class Driver:
 
     def _abort(self, command: Abort) -> None:
         self.metrics.aborts.labels(reason=command.reason.value).inc()
+        if command.reason in _STALE_ACTIONS:
+            self.metrics.stale_requests.labels(action=_STALE_ACTIONS[command.reason]).inc()
         exchange = self.exchanges.get(command.request_id)
         if exchange is None:
+            return
+        if command.reason is AbortReason.STALE_PARTIAL:  # the call stays open: the engine answers it, partial
+            if self.abort_upstream:
+                self._abort_on_engine(exchange, command.engine_id, exchange.attempt)
             return
         if command.reason is AbortReason.CLIENT_GONE:
             self.metrics.engine_seconds_saved.inc(_remaining_engine_s(exchange, self.core, self.clock.now()))
@@ -396,6 +409,21 @@ class Driver:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    def _record_group(self, command: RecordGroup) -> None:
+        metrics = self.metrics
+        metrics.groups.labels(outcome=command.outcome.value).inc()
+        metrics.group_completion_seconds.observe(command.completion_s)
+        metrics.group_prefill_tokens_saved.inc(command.prefill_tokens_saved)
+
+    def abort_group(self, group: str) -> int:
+        """A client aborts a group: every live member ends now, answered as aborted (SGLang's abort answer
+        on /generate), those running aborted on their engines first (the core's `GroupAborted`). Returns
+        how many members it ended."""
+        members = len(self.core.group_members(group))
+        if members:
+            self.handle(GroupAborted(group=group))
+        return members
 
     def abort_client_rid(self, rid: str, *, prefix: bool) -> int:
         """A client's `/abort_request {"rid"}`, with the client's own rid: its calls still waiting end now with

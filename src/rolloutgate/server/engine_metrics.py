@@ -11,7 +11,7 @@ engine that answered and 0 for one that did not (an SGLang engine started withou
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 import aiohttp
 from aiohttp import web
@@ -26,11 +26,14 @@ from rolloutgate.engines.http import get_text
 from rolloutgate.server.context import CONTEXT
 from rolloutgate.server.guard import guarded
 
-__all__ = ("add_routes", "merge_scrapes")
+__all__ = ("CONTENT_TYPE", "Scrape", "add_routes", "merge_labelled", "merge_scrapes", "scrape_engines")
 
 SCRAPE_S = 5.0  # real seconds each engine has to answer
 UP_METRIC = "rolloutgate_engine_metrics_up"
-_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+Scrape = tuple[str, str, str | None]  # (engine id, engine URL, its /metrics text or None)
 
 
 class _Merged(Collector):
@@ -41,14 +44,10 @@ class _Merged(Collector):
         return iter(self._families)
 
 
-def merge_scrapes(scrapes: Iterable[tuple[str, str, str | None]]) -> bytes:
-    """(engine id, engine URL, its /metrics text or None) -> one Prometheus text with the engine labelled."""
+def merge_labelled(parts: Iterable[tuple[Mapping[str, str], str]], extra: Iterable[Metric] = ()) -> bytes:
+    """Prometheus texts -> one text, each part's samples with its labels added (one family per name)."""
     families: dict[str, Metric] = {}
-    up = GaugeMetricFamily(UP_METRIC, "1 if the engine's /metrics answered this scrape", labels=["engine"])
-    for engine_id, url, text in scrapes:
-        up.add_metric([engine_id], 0.0 if text is None else 1.0)
-        if text is None:
-            continue
+    for labels, text in parts:
         for family in text_string_to_metric_families(text):
             merged = families.get(family.name)
             if merged is None:
@@ -56,22 +55,27 @@ def merge_scrapes(scrapes: Iterable[tuple[str, str, str | None]]) -> bytes:
                     family.name, family.documentation, family.type, family.unit
                 )
             merged.samples.extend(
-                Sample(
-                    s.name,
-                    {**s.labels, "engine": engine_id, "engine_url": url},
-                    s.value,
-                    s.timestamp,
-                    s.exemplar,
-                )
+                Sample(s.name, {**s.labels, **labels}, s.value, s.timestamp, s.exemplar)
                 for s in family.samples
             )
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Merged([*families.values(), up]))
+    registry.register(_Merged([*families.values(), *extra]))
     return generate_latest(registry)
 
 
-async def engine_metrics(request: web.Request) -> web.Response:
-    ctx = request.app[CONTEXT]
+def merge_scrapes(scrapes: Iterable[Scrape]) -> bytes:
+    """(engine id, engine URL, its /metrics text or None) -> one Prometheus text with the engine labelled."""
+    scrapes = list(scrapes)
+    up = GaugeMetricFamily(UP_METRIC, "1 if the engine's /metrics answered this scrape", labels=["engine"])
+    for engine_id, _, text in scrapes:
+        up.add_metric([engine_id], 0.0 if text is None else 1.0)
+    answered = (({"engine": e, "engine_url": url}, text) for e, url, text in scrapes if text is not None)
+    return merge_labelled(answered, [up])
+
+
+async def scrape_engines(app: web.Application) -> list[Scrape]:
+    """Every engine's own /metrics, read at once; None for one that did not answer."""
+    ctx = app[CONTEXT]
     engines = list(ctx.pool.engines.values())
     limits = aiohttp.ClientTimeout(total=SCRAPE_S)
 
@@ -82,8 +86,12 @@ async def engine_metrics(request: web.Request) -> web.Response:
             return None
 
     texts = await asyncio.gather(*(scrape(e.url) for e in engines))
-    body = merge_scrapes((e.engine_id, e.url, t) for e, t in zip(engines, texts, strict=True))
-    return web.Response(body=body, headers={"Content-Type": _CONTENT_TYPE})
+    return [(e.engine_id, e.url, t) for e, t in zip(engines, texts, strict=True)]
+
+
+async def engine_metrics(request: web.Request) -> web.Response:
+    body = merge_scrapes(await scrape_engines(request.app))
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 def add_routes(app: web.Application) -> None:

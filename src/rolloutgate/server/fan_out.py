@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 from aiohttp import web
@@ -35,23 +38,22 @@ from rolloutgate.core.events import EngineCacheFlushed, QueueAborted
 from rolloutgate.engines.base import EngineFamily, UpstreamError
 from rolloutgate.engines.http import post_json, status_of
 from rolloutgate.errors import BadRequest
+from rolloutgate.server.answer import Answer
 from rolloutgate.server.auth import check_worker_admin
 from rolloutgate.server.context import CONTEXT
 from rolloutgate.server.guard import guarded
 from rolloutgate.server.validate import parse_body
 
-__all__ = ("add_routes",)
+__all__ = ("abort_requests", "add_routes", "flush_caches")
 
 log = logging.getLogger("rolloutgate.fan_out")
 
 ENGINE_CALL_S = 10.0  # real seconds each engine has to take the abort
 
 
-async def abort_request(request: web.Request) -> web.Response:
-    ctx = request.app[CONTEXT]
-    check_worker_admin(request, ctx.settings)
-    raw = await request.read()
-    body = parse_body(raw, ctx.settings) if raw.strip() else {}
+async def abort_requests(app: web.Application, body: dict[str, Any]) -> Answer:
+    """`POST /abort_request` (module docstring)."""
+    ctx = app[CONTEXT]
     abort_all = body.get("abort_all", False)
     if not isinstance(abort_all, bool):
         raise BadRequest("'abort_all' must be a boolean", param="abort_all", code="invalid_type")
@@ -79,18 +81,19 @@ async def abort_request(request: web.Request) -> web.Response:
             log.warning("%s did not take the abort_request: %s", engine.engine_id, result.message)
         elif isinstance(result, BaseException):
             raise result
-    return web.Response(status=200)
+    return Answer(200, engines=tuple(e.url for e in engines))
 
 
-async def flush_cache(request: web.Request) -> web.Response:
-    ctx = request.app[CONTEXT]
-    check_worker_admin(request, ctx.settings)
+async def flush_caches(app: web.Application, query: Mapping[str, str]) -> Answer:
+    """`GET|POST /flush_cache` (module docstring), with its query (`timeout`)."""
+    ctx = app[CONTEXT]
     engines = [e for e in ctx.pool.engines.values() if e.info.family is EngineFamily.SGLANG]
-    query = f"?{request.query_string}" if request.query_string else ""
-    timeout_s = _flush_timeout_s(request)
+    timeout_s = _flush_timeout_s(query)
+    encoded = urlencode(list(query.items()))
+    suffix = f"?{encoded}" if encoded else ""
     limits = aiohttp.ClientTimeout(total=ENGINE_CALL_S + timeout_s)
     statuses = await asyncio.gather(
-        *(status_of(ctx.pool.session, e.url + "/flush_cache" + query, limits=limits) for e in engines)
+        *(status_of(ctx.pool.session, e.url + "/flush_cache" + suffix, limits=limits) for e in engines)
     )
     failed = []
     for engine, status in zip(engines, statuses, strict=True):
@@ -98,14 +101,15 @@ async def flush_cache(request: web.Request) -> web.Response:
             ctx.driver.handle(EngineCacheFlushed(engine_id=engine.engine_id))
         else:
             failed.append(f"{engine.engine_id} ({engine.url}): {status or 'no answer'}")
+    urls = tuple(e.url for e in engines)
     if failed:
-        return web.Response(text="Flush cache failed on " + ", ".join(failed) + "\n", status=400)
-    return web.Response(text="Cache flushed.\n")
+        return Answer(400, text="Flush cache failed on " + ", ".join(failed) + "\n", engines=urls)
+    return Answer(200, text="Cache flushed.\n", engines=urls)
 
 
-def _flush_timeout_s(request: web.Request) -> float:
+def _flush_timeout_s(query: Mapping[str, str]) -> float:
     """SGLang's `?timeout=` (seconds an engine waits to be idle before flushing); 0 when absent."""
-    raw = request.query.get("timeout")
+    raw = query.get("timeout")
     if raw is None:
         return 0.0
     try:
@@ -117,6 +121,19 @@ def _flush_timeout_s(request: web.Request) -> float:
     if not 0 <= value <= 3600:
         raise BadRequest("'timeout' must be between 0 and 3600", param="timeout", code="invalid_value")
     return value
+
+
+async def abort_request(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    check_worker_admin(request, ctx.settings)
+    raw = await request.read()
+    answer = await abort_requests(request.app, parse_body(raw, ctx.settings) if raw.strip() else {})
+    return answer.response()
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    check_worker_admin(request, request.app[CONTEXT].settings)
+    return (await flush_caches(request.app, request.query)).response()
 
 
 def add_routes(app: web.Application) -> None:

@@ -16,10 +16,11 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from rolloutgate import token_budget
 from rolloutgate.core.events import RequestArrived, RequestLimits
 from rolloutgate.engines.base import Route
-from rolloutgate.errors import PayloadTooLarge, Unavailable, UpstreamFailure
-from rolloutgate.framing import forwardable
+from rolloutgate.errors import BadRequest, PayloadTooLarge, Unavailable, UpstreamFailure
+from rolloutgate.framing import SSE_DONE, forwardable
 from rolloutgate.server.attach import CachedOutcome, key_for
 from rolloutgate.server.auth import check_admin, check_api_key
 from rolloutgate.server.context import CONTEXT, GatewayContext
@@ -35,10 +36,13 @@ from rolloutgate.server.validate import (
 )
 
 __all__ = (
+    "GROUP_BODY_FIELD",
+    "GROUP_HEADER",
     "ROUTES",
     "ROUTING_KEY_HEADERS",
     "add_proxy_route",
     "add_routes",
+    "apply_budget",
     "proxy_path",
     "run_exchange",
     "serve_inference",
@@ -46,6 +50,11 @@ __all__ = (
 )
 
 ROUTING_KEY_HEADERS = ("X-SMG-Routing-Key", "X-Session-Id")
+# The n samples of one prompt (core/group_table.py): this header on any route, or this field of an SGLang
+# /generate body (miles sends no custom headers there), taken out of the body before it goes to the engine
+GROUP_HEADER = "X-Rolloutgate-Group"
+GROUP_BODY_FIELD = "rolloutgate_group"
+MAX_GROUP_CHARS = 256
 _ROUTE_COUNTERS = "front.route_counters"  # ctx.extras key: the request counter's child per route
 _DEFAULT_LIMITS = "front.default_limits"  # ctx.extras key: (settings' budgets, their RequestLimits)
 ROUTES = {route.value: route for route in Route}
@@ -82,6 +91,21 @@ def routing_key_of(request: web.Request) -> str | None:
         if value:
             return value
     return None
+
+
+def group_of(route: Route, body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
+    """The call's group: the /generate body's GROUP_BODY_FIELD (taken out of `body`), else the GROUP_HEADER;
+    None when absent or blank. Raises BadRequest for one that is not a string or is over MAX_GROUP_CHARS."""
+    where, value = GROUP_HEADER, headers.get(GROUP_HEADER)
+    if route is Route.GENERATE and GROUP_BODY_FIELD in body:
+        where, value = GROUP_BODY_FIELD, body.pop(GROUP_BODY_FIELD)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise BadRequest(f"{where!r} must be a string", param=where, code="invalid_type")
+    if len(value) > MAX_GROUP_CHARS:
+        raise BadRequest(f"{where!r} is over {MAX_GROUP_CHARS} characters", param=where, code="invalid_group")
+    return value.strip() or None
 
 
 def limits_for(ctx: GatewayContext, headers: Mapping[str, str]) -> tuple[RequestLimits, int]:
@@ -181,8 +205,10 @@ def submit(
     prompt_tokens: int | None = None,
 ) -> tuple[Exchange, Outbox]:
     """The one way a call enters the gateway's queue (the front's and the session API's): a new exchange
-    under a new request id, its arrival told to the core, and the first subscriber's outbox."""
+    under a new request id, its arrival told to the core, and the first subscriber's outbox. Raises
+    BadRequest for a malformed group (`group_of`)."""
     limits, priority = limits_for(ctx, headers)
+    group = group_of(route, body, headers)
     streams = bool(body.get("stream"))
     stream_options = body.get("stream_options")
     exchange = Exchange(
@@ -206,6 +232,7 @@ def submit(
             prompt_tokens=estimate_prompt_tokens(route, body) if prompt_tokens is None else prompt_tokens,
             streaming=streams,
             pinned_engine=pinned_engine,
+            group=group,
         ),
     )
     return exchange, outbox
@@ -231,7 +258,9 @@ async def serve_inference(
     ctx: GatewayContext, request: web.Request, route: Route, routing_key: str | None
 ) -> web.StreamResponse:
     """Parse, validate and run one inference request (the front's routes and the session proxy)."""
-    body, attach_key, prompt_tokens = await _read_request(ctx, request, route, routing_key)
+    body, attach_key, prompt_tokens, no_room = await _read_request(ctx, request, route, routing_key)
+    if no_room is not None:
+        return _zero_token_answer(body, no_room)
     return await run_exchange(
         ctx,
         request,
@@ -245,9 +274,11 @@ async def serve_inference(
 
 async def _read_request(
     ctx: GatewayContext, request: web.Request, route: Route, routing_key: str | None
-) -> tuple[dict[str, Any], str | None, int]:
+) -> tuple[dict[str, Any], str | None, int, token_budget.BudgetCap | None]:
     """Count, read, parse and validate an inference request: its body (a prompt of token ids kept as its
-    JSON: server/prompt_ids.py), its attach key and its prompt-length estimate. Raises GatewayError.
+    JSON: server/prompt_ids.py; its output limit capped by an `X-Rolloutgate-Max-Seq-Len` budget), its attach
+    key, its prompt-length estimate, and the budget's decision when it leaves a `/generate` no room (answered
+    with zero tokens, never sent). Raises GatewayError.
 
     The raw bytes are dropped here: a request's frames and aiohttp's request object live as long as its
     generation, and a 100K-token prompt is ~650 KB of JSON. Its body stays (retries need it)."""
@@ -256,7 +287,46 @@ async def _read_request(
     body, prompt_ids = parse_inference_body(raw, route, ctx.settings)
     validate_body(route, body, ctx.settings)
     prompt_tokens = estimate_prompt_tokens(route, body) if prompt_ids is None else prompt_ids
-    return body, key_for(request.headers, routing_key, raw) if ctx.engine_clock else None, prompt_tokens
+    max_seq_len = token_budget.header_budget(request.headers)
+    decision = None
+    if max_seq_len is not None:
+        body, decision = apply_budget(
+            ctx, route, body, prompt_tokens=prompt_tokens, max_seq_len=max_seq_len, client_route=route
+        )
+    attach_key = key_for(request.headers, routing_key, raw) if ctx.engine_clock else None
+    no_room = decision if decision is not None and decision.has_no_room else None
+    return body, attach_key, prompt_tokens, no_room
+
+
+def apply_budget(
+    ctx: GatewayContext,
+    route: Route,
+    body: dict[str, Any],
+    *,
+    prompt_tokens: int,
+    max_seq_len: int,
+    client_route: Route,
+) -> tuple[dict[str, Any], token_budget.BudgetCap]:
+    """`body` for `route` with its output limit capped to what `max_seq_len` leaves after the prompt
+    (rolloutgate/token_budget.py), the tokens it saved counted. A prompt that fills the budget: 400
+    `context_length_exceeded` unless the client speaks `/generate` (`client_route`), whose caller answers
+    zero tokens with finish reason `length` (the decision's `has_no_room`). Raises BadRequest."""
+    body, decision = token_budget.cap(route, body, prompt_tokens=prompt_tokens, max_seq_len=max_seq_len)
+    if decision.has_no_room and client_route is not Route.GENERATE:
+        raise token_budget.no_room_error(decision)
+    if decision.saved:
+        ctx.metrics.budget_tokens_saved.inc(decision.saved)
+    return body, decision
+
+
+def _zero_token_answer(body: dict[str, Any], decision: token_budget.BudgetCap) -> web.Response:
+    """SGLang's answer to a `/generate` its budget leaves no room: zero tokens, finish reason `length`."""
+    answer = orjson.dumps(token_budget.zero_token_answer(body, decision, _new_request_id()))
+    if body.get("stream"):
+        return web.Response(
+            body=b"data: " + answer + b"\n\n" + SSE_DONE, content_type="text/event-stream", charset="utf-8"
+        )
+    return web.Response(body=answer, content_type="application/json")
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
@@ -299,7 +369,11 @@ def _inference(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResp
             try:
                 check_api_key(request, ctx.settings)
                 routing_key = routing_key_of(request)
-                body, attach_key, prompt_tokens = await _read_request(ctx, request, route, routing_key)
+                body, attach_key, prompt_tokens, no_room = await _read_request(
+                    ctx, request, route, routing_key
+                )
+                if no_room is not None:
+                    return _zero_token_answer(body, no_room)
                 return await run_exchange(
                     ctx,
                     request,

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -31,6 +31,12 @@ class _StateCollector(Collector):
         queue = GaugeMetricFamily("rolloutgate_queue_depth", "Requests waiting in the gateway queue")
         queue.add_metric([], state.get("queue_depth", 0))
         yield queue
+        oldest = GaugeMetricFamily(
+            "rolloutgate_queue_oldest_seconds",
+            "The longest a waiting request has waited, on the queue clock (a closed gate not counted)",
+        )
+        oldest.add_metric([], state.get("queue_oldest_s", 0.0))
+        yield oldest
         in_flight = GaugeMetricFamily(
             "rolloutgate_in_flight", "Requests dispatched to each engine", labels=["engine"]
         )
@@ -43,6 +49,14 @@ class _StateCollector(Collector):
         for engine, engine_state in state.get("engine_states", {}).items():
             states.add_metric([engine, engine_state], 1)
         yield states
+        gate = GaugeMetricFamily(
+            "rolloutgate_gate_state",
+            "1 for the gate's state: open or the mode it is closed in",
+            labels=["state"],
+        )
+        if "gate" in state:
+            gate.add_metric([state["gate"]], 1)
+        yield gate
         for name, value in state.get("extra", {}).items():
             gauge = GaugeMetricFamily(f"rolloutgate_{name}", name.replace("_", " "))
             gauge.add_metric([], value)
@@ -153,7 +167,19 @@ class Metrics:
         )
         self._clocks_of = attrgetter(*(f"{clock}_s" for clock in CLOCKS))  # one tuple of the clocks, in order
         self.failures = Counter("rolloutgate_failures", "Requests failed, by reason", ["reason"], registry=r)
+        self.wasted_engine_seconds = Counter(
+            "rolloutgate_wasted_engine_seconds",
+            "Engine seconds (the charged clock) of requests that failed or were aborted, by failure reason",
+            ["reason"],
+            registry=r,
+        )
         self.aborts = Counter("rolloutgate_aborts_sent", "Aborts sent to engines", ["reason"], registry=r)
+        self.stale_requests = Counter(  # the staleness bound (core/weights.py); action: requeued | partial
+            "rolloutgate_stale_requests",
+            "Requests past max_staleness at a weight update, by what became of them",
+            ["action"],
+            registry=r,
+        )
         self.redispatches = Counter("rolloutgate_redispatches", "Requests sent to another engine", registry=r)
         self.quarantines = Counter(
             "rolloutgate_engine_quarantines",
@@ -181,6 +207,36 @@ class Metrics:
         self.attachments = Counter(
             "rolloutgate_attachments", "Retries that attached to an existing generation", ["kind"], registry=r
         )
+        self.budget_tokens_saved = Counter(  # session token budgets (rolloutgate/token_budget.py)
+            "rolloutgate_budget_tokens_saved",
+            "Output tokens asked for (max_new_tokens / max_tokens) that a token budget did not allow",
+            registry=r,
+        )
+        # groups (core/group_table.py) and each engine's prefix-cache hits (server/cache_hits.py); docs/rl.md
+        self.groups = Counter("rolloutgate_groups", "Groups ended, by outcome", ["outcome"], registry=r)
+        self.group_completion_seconds = Histogram(
+            "rolloutgate_group_completion_seconds",
+            "A group's first arrival to its last member's end (its slowest sibling)",
+            buckets=CLOCK_BUCKETS,
+            registry=r,
+        )
+        self.group_prefill_tokens_saved = Counter(
+            "rolloutgate_group_prefill_tokens_saved",
+            "Prompt tokens group members were placed to find cached by a sibling (the placement's estimate)",
+            registry=r,
+        )
+        self.engine_prompt_tokens = Counter(
+            "rolloutgate_engine_prompt_tokens",
+            "Prompt tokens of answered calls, by engine",
+            ["engine"],
+            registry=r,
+        )
+        self.engine_cached_tokens = Counter(
+            "rolloutgate_engine_cached_tokens",
+            "Prompt tokens the engine reported as prefix-cache hits, by engine",
+            ["engine"],
+            registry=r,
+        )
 
     def watch(self, read: Callable[[], dict[str, Any]]) -> None:
         self.registry.register(_StateCollector(read))
@@ -190,8 +246,11 @@ class Metrics:
         self.registry.register(_SampleCollector(read))
 
     def observe_timing(self, timing: TimingBreakdown, outcome: str) -> None:
-        del outcome  # failures are counted by reason separately
+        """Observe a finished request's clocks; `outcome` is "ok" or the failure reason (a FailReason value).
+        The charged clock of a failed or aborted request is engine time that produced no answer."""
         self.clock_seconds.observe_each(self._clocks_of(timing))
+        if outcome != "ok":
+            self.wasted_engine_seconds.labels(reason=outcome).inc(timing.charged_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

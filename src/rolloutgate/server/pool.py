@@ -39,6 +39,7 @@ from rolloutgate.core.events import (
     EngineResumed,
     Event,
 )
+from rolloutgate.core.stats import EngineStats
 from rolloutgate.engines.base import EngineClient, EngineFamily, EngineInfo, Readiness, UpstreamError
 from rolloutgate.engines.detect import detect_family, make_client
 
@@ -139,6 +140,28 @@ class EnginePool:
 
     def describe(self, handle: EngineHandle) -> dict[str, object]:
         return handle.describe(self.engine_state(handle.engine_id))
+
+    def describe_live(
+        self, handle: EngineHandle, engine: EngineStats | None, *, is_gate_open: bool, now: float
+    ) -> dict[str, object]:
+        """`describe` with what the core knows of the engine at `now` (its `stats()` entry, None if the core
+        does not know it yet): its load, long prefills, pauses and liveness, as `/admin/state` shows them."""
+        described = self.describe(handle)
+        if engine is None:
+            return described
+        is_watched = engine.hung_at != math.inf  # it has work and nothing suspends its liveness
+        described.update(
+            running=engine.in_flight,
+            queued=engine.waiting,
+            prefilling=engine.large_prefills > 0,
+            quarantined=engine.state == EngineState.QUARANTINED.value,
+            # the gate is closed, or the gateway paused this one engine (a staggered update)
+            paused_by_gate=not is_gate_open or (engine.is_paused and not handle.paused_by_engine),
+            generated_tokens=engine.generated_tokens,
+            silent_s=round(now - engine.silent_since_at, 3) if is_watched else None,
+            hung_after_s=round(engine.hung_at - engine.silent_since_at, 3) if is_watched else None,
+        )
+        return described
 
     def by_url(self, url: str) -> EngineHandle | None:
         url = url.rstrip("/")

@@ -11,13 +11,16 @@ import logging
 
 from aiohttp import web
 
+from rolloutgate.core.events import SessionEnded
+from rolloutgate.engines.base import Route
 from rolloutgate.errors import GatewayError, NotFound
 from rolloutgate.server.auth import check_api_key
 from rolloutgate.server.context import CONTEXT, GatewayContext
 from rolloutgate.server.exchange import Finished
-from rolloutgate.server.front import ROUTES, proxy_path, serve_inference, submit
+from rolloutgate.server.front import ROUTES, apply_budget, proxy_path, serve_inference, submit
 from rolloutgate.server.guard import guarded
 from rolloutgate.server.respond import keepalive_for
+from rolloutgate.server.validate import estimate_prompt_tokens
 from rolloutgate.sessions.http import add_session_routes
 from rolloutgate.sessions.registry import SessionLimits, SessionRegistry
 from rolloutgate.sessions.render import ChatRenderer
@@ -38,8 +41,20 @@ class GatewayDispatcher:
         route = ROUTES.get(call.path)
         if route is None or call.body is None:
             raise NotFound(f"sessions cannot run {call.method} {call.path} through the gateway queue")
+        body = {**call.body, "stream": False}
+        prompt_tokens = call.prompt_tokens
+        if call.max_seq_len is not None:  # the agent speaks chat: no room is a 400 (token_budget.py)
+            prompt_tokens = estimate_prompt_tokens(route, body) if prompt_tokens is None else prompt_tokens
+            body, _ = apply_budget(
+                ctx,
+                route,
+                body,
+                prompt_tokens=prompt_tokens,
+                max_seq_len=call.max_seq_len,
+                client_route=Route.CHAT,
+            )
         exchange, outbox = submit(
-            ctx, route, {**call.body, "stream": False}, call.headers, routing_key=call.routing_key
+            ctx, route, body, call.headers, routing_key=call.routing_key, prompt_tokens=prompt_tokens
         )
         try:
             item = await outbox.get()
@@ -93,9 +108,12 @@ def mount_sessions(app: web.Application) -> None:
             rewritten_history=settings.session_rewritten_history,
             picker=settings.session_picker,
             samples_weight_versions=settings.samples_weight_versions,
+            max_seq_len=settings.session_max_seq_len,
         ),
     )
     ctx.extras["sessions"] = service
+    # a session's end releases its engine binding (cache-warm placement counts the sessions on each engine)
+    service.on_end.append(lambda session_id: ctx.driver.handle(SessionEnded(routing_key=session_id)))
     ctx.metrics.watch_samples(lambda: registry.stats().metric_samples())
 
     def keepalive(request: web.Request, streams: bool) -> float | None:

@@ -1,6 +1,6 @@
 """aiohttp routes of the session API (a drop-in for the miles session server), over a `SessionService`.
 
-    POST   /sessions                               -> {"session_id": ...}
+    POST   /sessions [{"max_seq_len": N}]          -> {"session_id": ...} (N: its token budget, token_budget.py)
     GET    /sessions/{id}[?prompt_ids=delta]       -> {"session_id", "records": [...], "metadata": {...}}
     DELETE /sessions/{id}                          -> 204
     GET    /sessions/{id}/trajectory               -> token ids, loss mask, logprobs (JSON)
@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from rolloutgate import token_budget
 from rolloutgate.errors import BadRequest, GatewayError
 from rolloutgate.framing import JSON_KEEPALIVE, SSE_DONE, SSE_KEEPALIVE, error_after_keepalive, forwardable
 from rolloutgate.sessions import tito
@@ -155,7 +156,21 @@ def add_session_routes(
 
 
 async def _create(request: web.Request, service: SessionService) -> web.StreamResponse:
-    return _json({"session_id": service.create()})
+    """miles posts `{}`; a body may carry the session's `max_seq_len` (other fields are ignored)."""
+    body = _json_body(await request.read())
+    body = {} if body is None else body
+    if not isinstance(body, dict):
+        raise BadRequest("the session request must be a JSON object")
+    max_seq_len = token_budget.parse_max_seq_len(body.get("max_seq_len"), param="max_seq_len")
+    return _json({"session_id": service.create(max_seq_len)})
+
+
+def _json_body(raw: bytes) -> Any:
+    """A request's JSON body ({} when empty). Raises BadRequest."""
+    try:
+        return orjson.loads(raw) if raw.strip() else {}
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}") from exc
 
 
 async def _describe(request: web.Request, service: SessionService) -> web.StreamResponse:
@@ -173,12 +188,7 @@ async def _trajectory(request: web.Request, service: SessionService) -> web.Stre
 
 
 async def _samples(request: web.Request, service: SessionService) -> web.StreamResponse:
-    raw = await request.read()
-    try:
-        body = orjson.loads(raw) if raw.strip() else {}
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"the body is not valid JSON: {exc}") from exc
-    payload = service.samples(request.match_info["session_id"], body)
+    payload = service.samples(request.match_info["session_id"], _json_body(await request.read()))
     return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE})
 
 

@@ -42,6 +42,7 @@ __all__ = (
     "expand_records",
     "ids_array",
     "logprob_array",
+    "weight_spans",
 )
 
 RECORD_OVERHEAD_BYTES = 600  # the record object, its arrays' headers and dict overhead (measured, rounded up)
@@ -140,12 +141,33 @@ class TurnRecord:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TurnSpan:
     """Where one turn sits in the trajectory: its new prompt ids in [prompt_start, output_start), its
-    generated ids in [output_start, output_end)."""
+    generated ids in [output_start, output_end), and which weight version generated which of them
+    (`weight_versions`: (version, start, end) in trajectory positions, in order; see `weight_spans`)."""
 
     turn: int
     prompt_start: int
     output_start: int
     output_end: int
+    weight_versions: tuple[tuple[str, int, int], ...] = ()
+
+
+def weight_spans(record: TurnRecord) -> list[tuple[str, int, int]]:
+    """(version, start, end) per weight version of the turn's output, as offsets in it: the engine's own
+    spans when its output crossed an in-place update (SGLang `meta_info.weight_versions`, `{"version",
+    "start", "end"}`), else its one version for the whole output, else none (the engine reported none)."""
+    listed = record.engine_meta.get("weight_versions")
+    if isinstance(listed, list) and listed:
+        spans = [
+            (str(v.get("version")), int(v.get("start", 0)), int(v.get("end", 0)))
+            for v in listed
+            if isinstance(v, dict)
+        ]
+    elif record.weight_version is not None:
+        spans = [(record.weight_version, 0, len(record.output_ids))]
+    else:
+        spans = []
+    length = len(record.output_ids)
+    return [(v, a, min(b, length)) for v, a, b in spans if a < min(b, length)]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -176,6 +198,9 @@ class Trajectory:
                     "prompt_start": s.prompt_start,
                     "output_start": s.output_start,
                     "output_end": s.output_end,
+                    "weight_versions": [
+                        {"version": v, "abs_start": a, "abs_end": b} for v, a, b in s.weight_versions
+                    ],
                 }
                 for s in self.spans
             ],
@@ -229,6 +254,9 @@ def build_trajectory(records: Sequence[TurnRecord]) -> Trajectory:
                 prompt_start=prompt_start,
                 output_start=output_start,
                 output_end=len(token_ids),
+                weight_versions=tuple(
+                    (v, output_start + a, output_start + b) for v, a, b in weight_spans(record)
+                ),
             )
         )
     return Trajectory(token_ids=token_ids, loss_mask=loss_mask, logprobs=logprobs, spans=tuple(spans))
@@ -272,6 +300,7 @@ def expand_records(records: Sequence[TurnRecord], *, full_prompt_ids: bool = Tru
             finish_reason=record.finish_reason,
             engine=record.engine_id,
             weight_version=record.weight_version,
+            weight_versions=[{"version": v, "start": a, "end": b} for v, a, b in weight_spans(record)],
             timing=record.timing,
             tokenized_by_gateway=record.tokenized_by_gateway,
         )

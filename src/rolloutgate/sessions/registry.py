@@ -121,8 +121,9 @@ class SessionRegistry:
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
-    def create(self, now: float) -> Session:
-        """A new empty session. Raises SessionsFull when at a limit and no idle session can be evicted."""
+    def create(self, now: float, *, max_seq_len: int | None = None) -> Session:
+        """A new empty session (with its token budget, if any). Raises SessionsFull when at a limit and no idle
+        session can be evicted."""
         self.expire(now)
         limits = self.limits
         while (
@@ -137,7 +138,7 @@ class SessionRegistry:
                     f"{limits.max_sessions} sessions, {limits.max_bytes} bytes) and none is idle to evict",
                     retry_after_s=5,
                 )
-        session = Session(self._new_id(), now)
+        session = Session(self._new_id(), now, max_seq_len=max_seq_len)
         if self.journal is not None:
             self.journal.session_created(session.session_id)
         self._sessions[session.session_id] = session

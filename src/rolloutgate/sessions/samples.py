@@ -174,21 +174,9 @@ def _replies_text(turns: Sequence[_Turn]) -> str:
 
 
 def _weight_spans(turn: _Turn) -> list[WeightSpan]:
-    """miles' `WeightVersionsPerCall.from_meta_info`: the engine's per-span versions (offsets in the output),
-    else its one version for the whole output; absolute positions in `tokens`, clipped to the turn's end."""
-    start = turn.span.output_start
-    listed = turn.record.engine_meta.get("weight_versions")
-    if isinstance(listed, list) and listed:
-        raw = [
-            (str(v.get("version")), int(v.get("start", 0)), int(v.get("end", 0)))
-            for v in listed
-            if isinstance(v, Mapping)
-        ]
-    elif turn.record.weight_version is not None:
-        raw = [(turn.record.weight_version, 0, turn.span.output_end - start)]
-    else:
-        raw = []
-    spans = [WeightSpan(v, start + a, min(start + b, turn.end)) for v, a, b in raw]
+    """miles' `WeightVersionsPerCall.from_meta_info`: the turn's spans in the trajectory (record.py
+    `weight_spans`: the engine's per-span versions, else its one version), clipped to the turn's end."""
+    spans = [WeightSpan(v, a, min(b, turn.end)) for v, a, b in turn.span.weight_versions]
     return [s for s in spans if s.abs_start < s.abs_end]
 
 

@@ -23,6 +23,7 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
+from rolloutgate import token_budget
 from rolloutgate.core.clock import Clock
 from rolloutgate.core.timing import TimingBreakdown
 from rolloutgate.errors import BadRequest
@@ -58,6 +59,10 @@ class SessionCall:
     raw_body: bytes | None = None  # a proxied body, forwarded as is
     query: str = ""
     headers: Mapping[str, str] = field(default_factory=dict)  # client headers to pass on
+    # the session's token budget: the gateway caps the body's output limit to what it leaves after the prompt
+    # (`prompt_tokens`, exact when the gateway tokenized it; else the gateway's estimate); token_budget.py
+    max_seq_len: int | None = None
+    prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,6 +100,7 @@ class SessionSettings:
     rewritten_history: Literal["append", "refuse"] = "append"  # a template that rewrites earlier turns
     picker: Picker = "drop_retries"
     samples_weight_versions: WeightVersionsWire = "spans"
+    max_seq_len: int | None = None  # the token budget of a session created without one (none: no budget)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,11 +135,16 @@ class SessionService:
         self.settings = settings or SessionSettings()
         self._wall = wall_clock
         self._new_request_id = new_request_id or (lambda: uuid.uuid4().hex)
+        # called with a session's id when it ends (deleted, samples taken, expired): the gateway releases its
+        # engine binding (core/session_table.py `release`)
+        self.on_end: list[Callable[[str], None]] = []
 
     # -- session lifecycle -----------------------------------------------------------------------------------
 
-    def create(self) -> str:
-        return self.registry.create(self.clock.now()).session_id
+    def create(self, max_seq_len: int | None = None) -> str:
+        """A new session with `max_seq_len` as its token budget (None: the settings' default, if any)."""
+        budget = self.settings.max_seq_len if max_seq_len is None else max_seq_len
+        return self.registry.create(self.clock.now(), max_seq_len=budget).session_id
 
     def describe(self, session_id: str, *, full_prompt_ids: bool = True) -> dict[str, Any]:
         """`GET /sessions/{id}`: miles' shape (`session_id`, `records`, `metadata`) plus token metadata."""
@@ -150,18 +161,27 @@ class SessionService:
                 "turns_in_flight": len(session.in_flight),
                 "approx_bytes": session.approx_bytes,
                 "max_trim_tokens": 0,  # miles field: the gateway never trims ids
+                "max_seq_len": session.max_seq_len,
             },
         }
 
     def delete(self, session_id: str) -> None:
         self.registry.delete(session_id, self.clock.now())
+        self._ended(session_id)
+
+    def _ended(self, session_id: str) -> None:
+        for callback in self.on_end:
+            callback(session_id)
 
     def trajectory(self, session_id: str) -> dict[str, Any]:
         session = self.registry.get(session_id, self.clock.now())
         return build_trajectory(session.records).as_dict(session_id)
 
     def expire(self) -> list[str]:
-        return self.registry.expire(self.clock.now())
+        expired = self.registry.expire(self.clock.now())
+        for session_id in expired:
+            self._ended(session_id)
+        return expired
 
     def samples(self, session_id: str, body: Any) -> bytes:
         """`POST /sessions/{id}/samples {"max_seq_len", "metadata"?}`: miles' safetensors payload (samples.py,
@@ -181,20 +201,25 @@ class SessionService:
             )
         else:
             result = assemble_linear(session.records, max_seq_len=max_seq_len, decode=decode)
-        return encode_samples(
+        samples = encode_samples(
             result, tree=self.settings.tree, weight_versions=self.settings.samples_weight_versions
         )
+        self._ended(session_id)  # its samples taken, the session's rollout is over
+        return samples
 
     # -- one chat turn ---------------------------------------------------------------------------------------
 
     async def chat(self, session_id: str, body: Any, headers: Mapping[str, str] | None = None) -> ChatOutcome:
-        """Run one chat turn of a session. Raises GatewayError subclasses (session and gateway errors)."""
+        """Run one chat turn of a session. Raises GatewayError subclasses (session and gateway errors; a turn
+        whose prompt fills its token budget: 400 context_length_exceeded, from the dispatcher)."""
         request = tito.read_chat_request(body)
+        header_budget = token_budget.header_budget(headers or {})
         keys = [message_key(m) for m in request.messages]
         tkey = tools_key(request.tools, request.template_kwargs)
         registry, renderer = self.registry, self.renderer
         # plan -> prompt ids -> begin, with no await between: one consistent view of the session
         session = registry.get(session_id, self.clock.now())
+        max_seq_len = token_budget.tightest(header_budget, session.max_seq_len)
         base = registry.plan_turn(session, request.messages, keys, tkey, strict=renderer is not None)
         checkpoint = session.checkpoint(base.keep_turns)
         prompt_ids: list[int] | None = None
@@ -210,7 +235,7 @@ class SessionService:
         request_id, request_at = self._new_request_id(), self._wall()
         try:
             answer = await self.dispatcher(
-                self._upstream_call(session_id, request_id, request, prompt_ids, headers)
+                self._upstream_call(session_id, request_id, request, prompt_ids, headers, max_seq_len)
             )
             if answer.status >= 400:
                 return ChatOutcome(
@@ -266,6 +291,7 @@ class SessionService:
         request: tito.ChatRequest,
         prompt_ids: list[int] | None,
         headers: Mapping[str, str] | None,
+        max_seq_len: int | None,
     ) -> SessionCall:
         if self.renderer is not None and prompt_ids is not None and self.settings.engine_route == "chat":
             path = "/v1/chat/completions"
@@ -288,6 +314,8 @@ class SessionService:
             path=path,
             body=body,
             headers=dict(headers or {}),
+            max_seq_len=max_seq_len,
+            prompt_tokens=None if prompt_ids is None else len(prompt_ids),
         )
 
     def _read_answer(

@@ -71,15 +71,17 @@ class Session:
         "created_at",
         "in_flight",
         "last_active_at",
+        "max_seq_len",
         "records",
         "seqs",
         "session_id",
         "version",
     )
 
-    def __init__(self, session_id: str, now: float) -> None:
+    def __init__(self, session_id: str, now: float, *, max_seq_len: int | None = None) -> None:
         self.session_id = session_id
         self.created_at = now
+        self.max_seq_len = max_seq_len  # the token budget: prompt + generated, per turn (token_budget.py)
         self.last_active_at = now
         self.records: list[TurnRecord] = []
         self.seqs: list[int] = []  # each record's commit order

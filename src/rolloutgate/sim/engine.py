@@ -293,12 +293,22 @@ class SimEngine:
                     await self.wait_idle()
                 await self.sleep_sim(self.config.weight_update_s)
                 if version:
-                    self.weight_version = version
+                    self.set_weight_version(version)
                 if flush_cache:
                     self.flush_cache()
             finally:
                 self._updating = False
                 self._refresh_gate()
+
+    def set_weight_version(self, version: str) -> None:
+        """Adopt `version`: the requests it holds (paused in place, or running) generate under it from here
+        on, and their answers list both spans (`meta_info.weight_versions`)."""
+        self.sync()
+        old, self.weight_version = self.weight_version, version
+        if old != version:
+            for req in self.model.requests():
+                if not req.is_finished:
+                    req.note_weight_version(old, version)
 
     def _refresh_gate(self) -> None:
         closed = self._updating or (self.api == "sglang" and self.model.paused)

@@ -293,7 +293,7 @@ class SGLangRoutes:
             return _error("new_version is required")
         if body.get("abort_all_requests", True):
             self.engine.abort_all()
-        self.engine.weight_version = str(body["new_version"])
+        self.engine.set_weight_version(str(body["new_version"]))
         return json_response({"success": True, "message": f"Weight version updated to {body['new_version']}"})
 
     async def flush_cache(self, request: web.Request) -> web.Response:

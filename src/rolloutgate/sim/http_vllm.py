@@ -124,7 +124,7 @@ class VLLMRoutes:
         version = body.get("weight_version", body.get("version", body.get("new_version")))
         if version is None:
             return vllm_error("weight_version is required")
-        self.engine.weight_version = str(version)
+        self.engine.set_weight_version(str(version))
         return json_response({"status": "ok", "weight_version": self.engine.weight_version})
 
     async def weight_info(self, _request: web.Request) -> web.Response:

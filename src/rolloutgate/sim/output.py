@@ -74,6 +74,9 @@ def generate_item(
     if finish is None or not finish.in_queue:
         meta["prompt_tokens"] = req.prompt_tokens
     meta["weight_version"] = weight_version
+    spans = req.weight_versions(count)
+    if spans is not None:  # its output crossed an in-place weight update (SGLang's per-span versions)
+        meta["weight_versions"] = spans
     meta["num_retractions"] = req.num_retractions
     meta["reasoning_tokens"] = 0
     meta["completion_tokens"] = count

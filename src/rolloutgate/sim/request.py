@@ -79,6 +79,7 @@ class SimRequest:
         "submitted_at",
         "token_times",
         "wants_logprobs",
+        "weight_spans",
     )
 
     def __init__(
@@ -129,10 +130,35 @@ class SimRequest:
         self.notify_from = 1
         self.answered_at: float | None = None  # its answer's last chunk or body left the output path
         self.listener: Any = None  # set by the driver's user (an asyncio.Event); the model never reads it
+        # (version, first output offset under it) per weight version its output crossed; None: it crossed none
+        self.weight_spans: list[tuple[str, int]] | None = None
 
     @property
     def prompt_tokens(self) -> int:
         return self.prompt_len
+
+    def note_weight_version(self, old: str, new: str) -> None:
+        """Its engine adopted `new` weights in place: the tokens it generates from now on are `new`'s."""
+        if not self.completion_tokens:
+            return  # nothing generated yet: its whole output is `new`'s (its final weight_version says so)
+        spans = self.weight_spans if self.weight_spans is not None else [(old, 0)]
+        if spans[-1][1] == self.completion_tokens:
+            spans.pop()  # no token under the version before: it has no span
+        spans.append((new, self.completion_tokens))
+        self.weight_spans = spans
+
+    def weight_versions(self, count: int) -> list[dict[str, Any]] | None:
+        """SGLang's `meta_info.weight_versions` of its first `count` output tokens: `{"version", "start",
+        "end"}` per version (output offsets), when it crossed an update; else None (one version)."""
+        spans = self.weight_spans
+        if spans is None:
+            return None
+        ends = [start for _, start in spans[1:]] + [count]
+        return [
+            {"version": version, "start": start, "end": min(end, count)}
+            for (version, start), end in zip(spans, ends, strict=True)
+            if start < min(end, count)
+        ]
 
     @property
     def limit(self) -> int:

@@ -75,6 +75,7 @@ class TurnRecord:
     error: str | None = None  # exception class name
     message: str | None = None
     completion_tokens: int = 0
+    budget_full: bool = False  # refused: its prompt filled its session's token budget (ends the session)
 
 
 class AgentFleet:
@@ -126,9 +127,14 @@ class AgentFleet:
 
     async def _base_url(self, session_name: str) -> tuple[str, dict[str, str], str]:
         """Where the session's calls go, their headers, and their routing key at the gateway."""
+        budget = self.config.max_seq_len
         if not self.config.sessions:
-            return f"{self.gateway_url}/v1", {"X-Session-Id": session_name}, session_name
-        async with self.http.post(f"{self.gateway_url}/sessions", json={}) as response:
+            headers = {"X-Session-Id": session_name}
+            if budget is not None:
+                headers["X-Rolloutgate-Max-Seq-Len"] = str(budget)
+            return f"{self.gateway_url}/v1", headers, session_name
+        body = {} if budget is None else {"max_seq_len": budget}
+        async with self.http.post(f"{self.gateway_url}/sessions", json=body) as response:
             response.raise_for_status()
             session_id = (await response.json())["session_id"]
         return f"{self.gateway_url}/sessions/{session_id}/v1", {}, session_id
@@ -159,7 +165,8 @@ class AgentFleet:
             if answer is None:
                 return  # a failed turn ends the session (a failed sample)
             kept = answer[: self.config.reply_kept_tokens * 4]
-            tool = text_of_tokens(f"{record.tag} tool", self.config.tool_tokens)
+            tool_tokens = self.config.tool_tokens if turn.tool_tokens is None else turn.tool_tokens
+            tool = text_of_tokens(f"{record.tag} tool", tool_tokens)
             messages = [*messages, {"role": "assistant", "content": kept}, {"role": "user", "content": tool}]
             prompt_tokens += (len(kept) + len(tool)) // 4
             await asyncio.sleep(self.config.real_s(turn.tool_time_s))
@@ -176,7 +183,9 @@ class AgentFleet:
                 messages=messages,
                 max_tokens=record.max_tokens,
                 timeout=config.real_s(config.client_timeout_s),
-                extra_body={"ignore_eos": True},
+                # `user`, OpenAI's end-user field, in the body (LiteLLM drops its own `user=` for this
+                # provider): a trace replays one user's sessions one after another (trace_workload.py)
+                extra_body={"ignore_eos": True, "user": record.agent},
                 extra_headers=headers,
             )
         except asyncio.CancelledError:
@@ -187,6 +196,10 @@ class AgentFleet:
             record.ok = False
             record.error = type(exc).__name__
             record.message = str(exc)[:300]
+            # the gateway's 400 context_length_exceeded: the session has spent its token budget
+            record.budget_full = config.max_seq_len is not None and isinstance(
+                exc, self.litellm.ContextWindowExceededError
+            )
             return None
         record.ended_at = self.now()
         record.ok = True

@@ -1,6 +1,10 @@
 """`rolloutgate replay incident`: the incident replayed side by side, engine time vs wallclock.
 
     rolloutgate replay incident [--time-scale S] [--agents N] [--duration D] [--out DIR] [--sessions]
+    rolloutgate replay trace FILE [--timeout S] [--stall-timeout S] [--set NAME=VALUE] [--out DIR]
+
+`replay trace` runs a recorded trace's workload instead (`rolloutgate serve --record-trace FILE`; its agents,
+engines and duration come from the trace).
 
 Prints a progress bar while both modes run, then the table of figures and the verdicts; writes
 DIR/replay.json, DIR/replay.png and the raw records (see run.py and docs/replay.md).
@@ -20,7 +24,7 @@ from rolloutgate.bench.replay.scenario import MODES, ReplayConfig
 
 __all__ = ("add_arguments", "run")
 
-SCENARIOS = ("incident",)
+SCENARIOS = ("incident", "trace")  # trace: a recorded trace's workload (bench/replay/trace_workload.py)
 _DEFAULTS = ReplayConfig()
 
 
@@ -37,6 +41,12 @@ _CONFIG_FLAGS = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("scenario", choices=SCENARIOS, help="the scenario to replay")
+    add(
+        "file",
+        nargs="?",
+        type=Path,
+        help="trace: the trace to replay (rolloutgate serve --record-trace FILE)",
+    )
     for flag, name, kind, text in _CONFIG_FLAGS:
         default = getattr(_DEFAULTS, name)
         metavar = flag[2:].upper().replace("-", "_")
@@ -45,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         )
     add("--out", type=Path, default=Path("out/replay"), help="output folder (default out/replay)")
     add("--sessions", action="store_true", help="agents use the gateway's session API (/sessions/{id}/v1)")
+    add(
+        "--max-seq-len",
+        type=int,
+        metavar="TOKENS",
+        help="session token budgets: each session carries this max_seq_len (docs/rl.md; default none)",
+    )
     add(
         "--no-prefill-admission",
         action="store_true",
@@ -57,15 +73,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run the modes in this process (one core) instead of one each",
     )
     add("--no-plot", action="store_true", help="skip the PNG")
+    _add_trace_arguments(parser)
     add("--check", action="store_true", help="exit 1 if a verdict does not hold")
 
 
-def _config(args: argparse.Namespace) -> ReplayConfig:
-    return ReplayConfig(
-        **{name: getattr(args, name) for _, name, _, _ in _CONFIG_FLAGS},
-        sessions=args.sessions,
-        prefill_admission=not args.no_prefill_admission,
+def _add_trace_arguments(parser: argparse.ArgumentParser) -> None:
+    """Trace capture and replay (docs/replay.md), and the gateway settings to try on a workload."""
+    add = parser.add_argument
+    add(
+        "--record-trace",
+        action="store_true",
+        help="each mode's gateway records its trace: OUT/trace-engine.jsonl, OUT/trace-wallclock.jsonl",
     )
+    add("--timeout", type=float, help="the gateway's timeout (default the trace's, or 600)")
+    add("--stall-timeout", type=float, help="the gateway's stall_timeout (default the trace's, or 60)")
+    add("--client-timeout", type=float, help="the agents' LiteLLM timeout (default 300)")
+    add(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="any other gateway setting, as rolloutgate serve's flag would give it (repeatable)",
+    )
+
+
+def _config(args: argparse.Namespace) -> ReplayConfig:
+    given = {
+        name: value
+        for name, value in (
+            ("gateway_timeout_s", args.timeout),
+            ("stall_timeout_s", args.stall_timeout),
+            ("client_timeout_s", args.client_timeout),
+        )
+        if value is not None
+    }
+    given["gateway_settings"] = tuple(_setting(text) for text in args.set)
+    if args.record_trace:
+        given["record_trace"] = str(args.out)
+    if args.max_seq_len is not None:
+        given["max_seq_len"] = args.max_seq_len
+    common = {"sessions": args.sessions, "prefill_admission": not args.no_prefill_admission}
+    if args.scenario == "trace":
+        from rolloutgate.bench.replay.trace_workload import trace_config
+
+        if args.file is None:
+            raise ValueError("replay trace takes the trace's file: rolloutgate replay trace FILE")
+        replay = {"time_scale": args.time_scale, "seed": args.seed}
+        return trace_config(args.file, **replay, **common, **given)
+    return ReplayConfig(**{name: getattr(args, name) for _, name, _, _ in _CONFIG_FLAGS}, **common, **given)
+
+
+def _setting(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise ValueError(f"--set takes NAME=VALUE, got {text!r}")
+    return name.strip().replace("-", "_"), value.strip()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,11 +140,12 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--modes takes {', '.join(MODES)}; got {args.modes!r}")
     try:
         config = _config(args)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:  # TraceError is a ValueError
         raise SystemExit(f"rolloutgate replay: {exc}") from exc
     console = Console()
     console.print(
-        f"replaying the incident: {config.agents} agents on {config.engines} simulated SGLang engines, "
+        f"replaying {'the incident' if config.trace is None else config.trace}: {config.agents} agents on "
+        f"{config.engines} simulated SGLang engines, "
         f"{config.duration_s:.0f} simulated s at x{config.time_scale:g} (~{config.real_s(config.duration_s):.0f} s), "
         f"modes: {', '.join(modes)}"
     )

@@ -15,7 +15,12 @@ Definitions (simulated seconds; "the end" is the end of the run):
   begun), had not ended, and its engine was not frozen (an operator's pause counts as progressing: the work
   resumes where it stopped);
 - spurious timeout: a killed attempt whose generation was progressing when it was killed;
-- client-visible failure: a turn whose LiteLLM call raised (after LiteLLM's own retries);
+- client-visible failure: a turn whose LiteLLM call raised (after LiteLLM's own retries), except a turn
+  refused because its prompt filled its session's token budget (the session ends there: `turns_at_full_budget`);
+- tokens not generated past the budget: over the answered turns, the tokens asked for (`max_tokens`) less
+  those generated (with `ignore_eos` an uncapped turn generates exactly what it asked for); beside it the
+  gateway's own count, `rolloutgate_budget_tokens_saved_total`, and the other RL counters from its /metrics
+  (world.py COUNTERS; 0 where the gateway does not export one);
 - generation: one dispatch to an engine (one rid); delivered: it finished and its answer reached a client;
 - engine-seconds of a generation: from its admission to its end (or the end of the run), less the time its
   engine was paused or frozen: the time it held a slot of a working batch;
@@ -367,7 +372,9 @@ def measure(records: dict[str, Any]) -> dict[str, Any]:
     turns = records["turns"]
     done = [t for t in turns if t["ok"] is not None]
     ok_turns = [t for t in done if t["ok"]]
-    failed = [t for t in done if not t["ok"]]
+    at_budget = [t for t in done if not t["ok"] and t.get("budget_full")]
+    failed = [t for t in done if not t["ok"] and not t.get("budget_full")]
+    counters = records.get("gateway_counters", {})
     latencies = [t["ended_at"] - t["started_at"] for t in ok_turns]
     attempts_per_turn = Counter(a["tag"] for a in records["attempts"])
     failed_chains = [t["ended_at"] - t["started_at"] for t in failed]
@@ -417,6 +424,18 @@ def measure(records: dict[str, Any]) -> dict[str, Any]:
         "wasted_tokens": tokens["wasted"],
         "detection": _detection(records),
         "frozen_engine_requests": _frozen_requests(views, records, joined),
+        "budgets": {
+            "max_seq_len": config.get("max_seq_len"),
+            "tokens_saved": int(counters.get("budget_tokens_saved", 0)),
+            "tokens_not_generated": sum(t["max_tokens"] - t["completion_tokens"] for t in ok_turns),
+            "turns_capped": sum(1 for t in ok_turns if t["completion_tokens"] < t["max_tokens"]),
+            "turns_at_full_budget": len(at_budget),
+        },
+        "group_prefill_tokens_saved": int(counters.get("group_prefill_tokens_saved", 0)),
+        "stale_requests": {
+            "requeued": int(counters.get("stale_requeued", 0)),
+            "partial": int(counters.get("stale_partial", 0)),
+        },
         "events": _windows(records, kills, float(config["client_timeout_s"])),
         "kills": kills,
     }

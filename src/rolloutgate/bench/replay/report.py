@@ -59,6 +59,16 @@ def _waste(f: dict[str, Any], other: dict[str, Any] | None) -> str:
     return text
 
 
+def _budget(f: dict[str, Any]) -> str:
+    """The gateway's count of tokens its budgets saved; the turns they capped and those refused at a full
+    budget, when any."""
+    b = f["budgets"]
+    text = f"{b['tokens_saved']:,}"
+    if b["turns_capped"] or b["turns_at_full_budget"]:
+        text += f" ({b['turns_capped']} turns capped, {b['turns_at_full_budget']} refused at a full budget)"
+    return text
+
+
 ROWS: list[Row] = [
     ("client-visible failures (turns)", lambda f: f"{f['client_visible_failures']}"),
     ("  of which progressing when killed", lambda f: f"{f['client_visible_failures_progressing']}"),
@@ -75,6 +85,10 @@ ROWS: list[Row] = [
     ("freeze -> frozen engine detected", _detection),
     ("requests caught by the frozen engine", _frozen),
     ("failed turns: LiteLLM attempts, time", _chains),
+    ("prefill tokens saved (groups)", lambda f: f"{f['group_prefill_tokens_saved']:,}"),
+    ("tokens saved by budgets", _budget),
+    ("aborted as stale (requeued)", lambda f: f"{f['stale_requests']['requeued']:,}"),
+    ("partial samples (stale, answered so far)", lambda f: f"{f['stale_requests']['partial']:,}"),
 ]
 
 

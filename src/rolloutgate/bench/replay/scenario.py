@@ -58,6 +58,13 @@ class ReplayConfig:
     sessions: bool = False  # agents use the gateway's session API (/sessions/{id}/v1)
     prefill_admission: bool = True  # engine-time gateway with prefill-aware admission (docs/prefill.md)
     record_token_times: bool = False  # each generation's token times in the records (bench/prefill/replay.py)
+    # session token budgets (docs/rl.md): each session carries this max_seq_len (`POST /sessions` with
+    # --sessions, else the X-Rolloutgate-Max-Seq-Len header on each turn); None: no budget
+    max_seq_len: int | None = None
+    # trace capture and replay (bench/replay/trace_workload.py, docs/replay.md)
+    record_trace: str | None = None  # a folder: each mode's gateway writes trace-<mode>.jsonl there
+    trace: str | None = None  # a trace to replay: its sessions and events instead of the scenario's
+    gateway_settings: tuple[tuple[str, str], ...] = ()  # more gateway settings: (name, value as text)
     # clients and gateways (as in the incident)
     client_timeout_s: float = 300.0
     gateway_timeout_s: float = 600.0
@@ -93,6 +100,8 @@ class ReplayConfig:
                     raise ValueError(f"{name} must be fractions of the duration in [0, 1)")
         if not 0.0 <= self.long_share <= 1.0 or self.turns_per_session < 1:
             raise ValueError("long_share must be in [0, 1] and turns_per_session >= 1")
+        if self.max_seq_len is not None and self.max_seq_len < 1:
+            raise ValueError("max_seq_len must be >= 1 (or None: no budget)")
 
     @property
     def frozen_engine(self) -> int:
@@ -138,6 +147,7 @@ class TurnPlan:
     kind: str  # "opening" | "medium" | "long" | "storm"
     max_tokens: int
     tool_time_s: float  # pause before the next turn
+    tool_tokens: int | None = None  # the tool result appended after this turn (None: the config's)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -23,10 +23,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from rolloutgate.bench.replay.agents import AgentFleet, import_litellm
 from rolloutgate.bench.replay.attempts import join
@@ -39,6 +41,7 @@ from rolloutgate.bench.replay.scenario import (
     agent_plan,
     timeline,
 )
+from rolloutgate.bench.replay.trace_workload import TraceWorkload
 from rolloutgate.config import EngineSpec, GatewaySettings
 from rolloutgate.server.app import GatewayServer
 from rolloutgate.server.context import GatewayContext
@@ -85,6 +88,7 @@ class ModeRecords:
     real_s: float
     cpu_s: float
     loop_lags: list[tuple[float, float]]  # (simulated time, real seconds late) of event-loop stalls
+    gateway_counters: dict[str, float] = field(default_factory=dict)  # its /metrics at the end: COUNTERS
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -118,17 +122,20 @@ def _token_times(ledger: GenerationLedger, live: list[SimRequest], rid: str) -> 
 
 def gateway_settings(config: ReplayConfig, mode: str, urls: list[str]) -> GatewaySettings:
     """The one difference from `rolloutgate serve`: these settings (its defaults otherwise)."""
-    return GatewaySettings(
-        host="127.0.0.1",
-        port=0,
-        engines=[EngineSpec(url=url, family="sglang") for url in urls],
-        time_scale=config.time_scale,
-        clock=mode,  # type: ignore[arg-type]
-        timeout=config.gateway_timeout_s,
-        stall_timeout=config.stall_timeout_s,
-        log_level="warning",
+    settings: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "engines": [EngineSpec(url=url, family="sglang") for url in urls],
+        "time_scale": config.time_scale,
+        "clock": mode,
+        "timeout": config.gateway_timeout_s,
+        "stall_timeout": config.stall_timeout_s,
+        "log_level": "warning",
         **({} if config.prefill_admission else PREFILL_ADMISSION_OFF),
-    )
+    }
+    if config.record_trace is not None:
+        settings["record_trace"] = str(Path(config.record_trace) / f"trace-{mode}.jsonl")
+    return GatewaySettings(**(settings | dict(config.gateway_settings)))
 
 
 class _Events:
@@ -269,10 +276,17 @@ async def run_mode(
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as http:
             fleet = AgentFleet(config, gateway.url, clock.now, litellm, http)
-            for index in range(config.agents):
-                fleet.start_agent(agent_plan(config, index), f"a{index:02d}")
+            if config.trace is None:
+                for index in range(config.agents):
+                    fleet.start_agent(agent_plan(config, index), f"a{index:02d}")
+                scripted = timeline(config)
+            else:  # a recorded trace's sessions and events instead (trace_workload.py)
+                workload = TraceWorkload.read(config.trace, config)
+                for name, agent in workload.agents():
+                    fleet.start_agent(agent, name, sessions=len(agent.sessions))
+                scripted = workload.events()
             events = _Events(config, mode, cluster, gateway, fleet, http)
-            event_tasks = [asyncio.create_task(events.run(e)) for e in timeline(config)]
+            event_tasks = [asyncio.create_task(events.run(e)) for e in scripted]
             try:
                 while clock.now() < config.duration_s:
                     if progress is not None:
@@ -286,6 +300,7 @@ async def run_mode(
                 await asyncio.gather(*event_tasks, return_exceptions=True)
                 await fleet.stop()
                 watcher.cancel()
+            counters = await _gateway_counters(http, gateway.url)
         generations: list[dict[str, Any]] = []
         holds: list[dict[str, Any]] = []
         for engine, ledger in zip(cluster.engines, ledgers, strict=True):
@@ -315,11 +330,33 @@ async def run_mode(
             real_s=time.perf_counter() - real0,
             cpu_s=time.process_time() - cpu0,
             loop_lags=lags,
+            gateway_counters=counters,
         )
         if progress is not None:
             progress(_progress(mode, ended_at, fleet, config) | {"done": True})
         await gateway.stop(grace_s=0.0)
     return result
+
+
+# the RL scheduling counters the replay reports (docs/rl.md): name -> (metric, labels it must carry). Each is
+# added by its own part of the gateway; one this gateway does not export reads 0.
+COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
+    "budget_tokens_saved": ("rolloutgate_budget_tokens_saved_total", {}),
+    "group_prefill_tokens_saved": ("rolloutgate_group_prefill_tokens_saved_total", {}),
+    "stale_requeued": ("rolloutgate_stale_requests_total", {"action": "requeued"}),
+    "stale_partial": ("rolloutgate_stale_requests_total", {"action": "partial"}),
+}
+
+
+async def _gateway_counters(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    """The COUNTERS, read from the gateway's /metrics as any scraper reads them (0 where one is absent)."""
+    async with http.get(f"{url}/metrics") as response:
+        text = await response.text()
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    return {
+        key: sum(s.value for s in samples if s.name == name and labels.items() <= s.labels.items())
+        for key, (name, labels) in COUNTERS.items()
+    }
 
 
 def _progress(mode: str, now: float, fleet: AgentFleet, config: ReplayConfig) -> dict[str, Any]:

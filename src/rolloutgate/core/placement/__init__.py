@@ -6,12 +6,16 @@ it `choose(request, engines)` for each request it wants to dispatch (dispatcher.
 
 from __future__ import annotations
 
+import math
+
 from rolloutgate.core.placement.base import EngineView, PlacementPolicy, PlacementRequest
+from rolloutgate.core.placement.cache_warm import CacheWarm
 from rolloutgate.core.placement.least_outstanding import LeastOutstanding
 from rolloutgate.core.placement.prefill_aware import PrefillAware
 from rolloutgate.core.placement.session_affinity import SessionAffinity, is_within_bound
 
 __all__ = (
+    "CacheWarm",
     "EngineView",
     "LeastOutstanding",
     "PlacementPolicy",
@@ -23,12 +27,15 @@ __all__ = (
 )
 
 
-def make_policy(name: str, *, max_excess: int = 8) -> PlacementPolicy:
-    """The policy called `name`. Raises ValueError for an unknown name."""
+def make_policy(name: str, *, max_excess: int = 8, cache_tokens: float = math.inf) -> PlacementPolicy:
+    """The policy called `name` (`cache_tokens`: cache_warm's per-engine room for session histories).
+    Raises ValueError for an unknown name."""
     if name == SessionAffinity.name:
         return SessionAffinity(max_excess)
     if name == LeastOutstanding.name:
         return LeastOutstanding()
     if name == PrefillAware.name:
         return PrefillAware(max_excess)
+    if name == CacheWarm.name:
+        return CacheWarm(max_excess, cache_tokens)
     raise ValueError(f"unknown placement policy {name!r}")

@@ -36,6 +36,7 @@ class PlacementRequest:
     affine_engine: str | None = None  # where its session's prefix is cached, if known (and not avoided)
     affine_cached_tokens: int = 0
     avoid_engines: frozenset[str] = frozenset()
+    is_new_session: bool = False  # it has a routing key the session table does not know (cache_warm.py)
 
     def uncached_on(self, engine_id: str) -> int:
         """Prompt tokens `engine_id` would have to prefill."""
@@ -76,6 +77,16 @@ class EngineView(Protocol):
     def backlog_tokens(self) -> int:
         """Prefill a request sent there now would wait behind, in uncached prompt tokens: those in prefill,
         those of requests waiting in the gateway for this engine, and the engine's rest (admission.py)."""
+        ...
+
+    @property
+    def active_sessions(self) -> int:
+        """Sessions bound to this engine (session_table.py `sessions_on`)."""
+        ...
+
+    @property
+    def session_tokens(self) -> int:
+        """Prefix tokens those sessions are believed to hold in its cache (`tokens_on`)."""
         ...
 
     def has_room(self) -> bool:
