@@ -51,36 +51,43 @@ class ReplicaClient:
     def __init__(self, handle: Any) -> None:
         self._handle = handle  # a Ray ActorHandle of fleet/actors.py ReplicaActor
 
-    async def ping(self, timeout_s: float) -> str:
+    async def _call(self, method: str, *args: Any, timeout_s: float, timed_out: str) -> Any:
         try:
             async with asyncio.timeout(timeout_s):
-                incarnation: str = await self._handle.ping.remote(timeout_s)
+                return await getattr(self._handle, method).remote(*args)
         except _GONE as exc:
             raise ReplicaUnreachable(type(exc).__name__, final=True) from None
         except TimeoutError:
-            raise ReplicaUnreachable(f"no answer to a ping in {timeout_s:g} s") from None
+            raise ReplicaUnreachable(timed_out) from None
+
+    async def ping(self, timeout_s: float) -> str:
+        incarnation: str = await self._call(
+            "ping", timeout_s, timeout_s=timeout_s, timed_out=f"no answer to a ping in {timeout_s:g} s"
+        )
         return incarnation
 
     async def joined(self, url: str, version: int, timeout_s: float) -> JoinResult:
-        try:
-            async with asyncio.timeout(timeout_s + 5.0):
-                result: JoinResult = await self._handle.joined.remote(url, version, timeout_s)
-        except _GONE as exc:
-            raise ReplicaUnreachable(type(exc).__name__, final=True) from None
-        except TimeoutError:
-            raise ReplicaUnreachable(f"no answer in {timeout_s:g} s") from None
+        result: JoinResult = await self._call(
+            "joined",
+            url,
+            version,
+            timeout_s,
+            timeout_s=timeout_s + 5.0,
+            timed_out=f"no answer in {timeout_s:g} s",
+        )
         return result
 
     async def operate(
         self, name: str, body: dict[str, Any], query: dict[str, str], timeout_s: float
     ) -> ReplicaResult:
-        try:
-            async with asyncio.timeout(timeout_s):
-                result: ReplicaResult = await self._handle.operate.remote(name, body, query)
-        except _GONE as exc:
-            raise ReplicaUnreachable(type(exc).__name__, final=True) from None
-        except TimeoutError:
-            raise ReplicaUnreachable(f"{name}: no answer in {timeout_s:g} s") from None
+        result: ReplicaResult = await self._call(
+            "operate",
+            name,
+            body,
+            query,
+            timeout_s=timeout_s,
+            timed_out=f"{name}: no answer in {timeout_s:g} s",
+        )
         return result
 
 
