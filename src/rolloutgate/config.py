@@ -154,6 +154,12 @@ class GatewaySettings(BaseSettings):
     # under SGLang's own 20 s (SGLANG_HEALTH_CHECK_TIMEOUT): a check that waits behind a pause gives up first,
     # and the readiness read right after it still sees the pause before SGLang marks itself unhealthy
     health_timeout: float = Field(default=15.0, gt=0, description="seconds one health check may take")
+    hang_check_timeout: float = Field(
+        default=_CORE.hang_check_s,
+        ge=0,
+        description="seconds an engine silent for its stall window has to say it is paused before it is "
+        "judged hung (0 = judged at once)",
+    )
     health_failures: int = Field(
         default=3, ge=1, description="failed health checks in a row before an engine is unhealthy"
     )

@@ -5,8 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from rolloutgate.core.commands import Abort, AbortReason, Complete, Dispatch, Fail, FailReason, MarkEngine
-from rolloutgate.core.events import EngineHealthChecked, ProgressReported
+from rolloutgate.core.commands import (
+    Abort,
+    AbortReason,
+    CheckEngine,
+    Complete,
+    Dispatch,
+    Fail,
+    FailReason,
+    MarkEngine,
+)
+from rolloutgate.core.events import EngineHealthChecked, EnginePaused, EngineResumed, ProgressReported
 from tests.core.helpers import Harness, of, reference
 
 
@@ -192,3 +201,93 @@ def test_stats_say_when_a_busy_engine_counts_as_hung_and_what_its_requests_gener
     assert engine.generated_tokens == 7
     h.finish("a")
     assert h.gw.stats().engines[0].hung_at == float("inf")
+
+
+def test_a_silent_engine_is_asked_whether_it_is_paused_before_it_is_judged_hung() -> None:
+    """A trainer paused e1 itself and the health loop has not read it yet: at the end of its stall window the
+    core asks (CheckEngine), the edge reads the pause within hang_check_s, and nothing is quarantined."""
+    h = Harness(reference(hang_check_s=2.0))
+    h.engines(e1=2)
+    h.arrive("a", stall_timeout_s=10.0)
+    h.advance(5.0, {"a": 1.0})
+    h.advance(9.9)  # the pause began with the last token
+    assert h.commands(CheckEngine) == []
+    h.advance(0.1)
+    assert h.commands(CheckEngine) == [CheckEngine(engine_id="e1")] and h.commands(MarkEngine) == []
+    h.advance(1.9)
+    h.send(EnginePaused(engine_id="e1"))
+    h.advance(600.0)  # paused: no verdict, however long
+    assert h.commands(MarkEngine) == [] and h.commands(Abort) == []
+    h.send(EngineResumed(engine_id="e1"))
+    h.advance(3.0, {"a": 1.0})
+    h.finish("a")
+    assert h.commands(CheckEngine) == [CheckEngine(engine_id="e1")] and h.commands(Fail) == []
+
+
+def test_an_engine_that_stays_silent_after_its_check_is_quarantined_once_per_silence() -> None:
+    h = Harness(reference(hang_check_s=2.0))
+    h.engines(e1=2, e2=2)
+    h.arrive("a", stall_timeout_s=10.0)
+    h.advance(10.0)
+    h.advance(1.9)
+    assert h.commands(CheckEngine) == [CheckEngine(engine_id="e1")] and h.commands(MarkEngine) == []
+    out = h.advance(0.1)
+    assert [m.state for m in of(out, MarkEngine)] == ["quarantined"]
+    assert [(a.request_id, a.reason) for a in of(out, Abort)] == [("a", AbortReason.ENGINE_HUNG)]
+    assert h.engine_of["a"] == "e2"
+    h.advance(10.0)  # a new silence on e2: its own check, then its own verdict
+    assert h.commands(CheckEngine) == [CheckEngine(engine_id="e1"), CheckEngine(engine_id="e2")]
+
+
+def test_progress_during_the_check_clears_the_suspicion() -> None:
+    h = Harness(reference(hang_check_s=2.0))
+    h.engines(e1=2)
+    h.arrive("a", stall_timeout_s=10.0)
+    h.advance(10.0)
+    h.advance(1.0)
+    h.progress("a")  # slow, not hung
+    h.advance(9.9)
+    assert h.commands(MarkEngine) == [] and h.commands(CheckEngine) == [CheckEngine(engine_id="e1")]
+    h.advance(0.1)  # the next silence is due: asked again
+    assert h.commands(CheckEngine) == [CheckEngine(engine_id="e1")] * 2 and h.commands(MarkEngine) == []
+
+
+def test_a_stream_silent_with_its_engine_is_not_stuck_alone_when_the_pause_is_read_late() -> None:
+    """CI's race, on a fake clock: a trainer pauses e1 just after its last token for `a` and a last engine-level
+    reading for `b` (a non-streamed call) that lands 0.2 s later; the health loop reads the pause only 5 s in,
+    past a's 3 s stall window. e1 went silent with `a`: `a` is not stuck alone, nothing is aborted, and the
+    check asked of the silent engine is what catches the pause."""
+    h = Harness(reference(hang_check_s=2.0))
+    h.engines(e1=4, e2=4)
+    h.arrive("a", stall_timeout_s=3.0)
+    h.arrive("x", stall_timeout_s=3.0)
+    h.arrive("b", stall_timeout_s=3.0)
+    assert (h.engine_of["a"], h.engine_of["b"], h.engine_of["x"]) == ("e1", "e1", "e2")
+    h.advance(5.0, {"a": 0.05, "b": 0.05, "x": 0.05})
+    h.advance(0.2, {"x": 0.05})
+    h.send(ProgressReported(request_id="b", tokens=10, engine_level=True))  # the engine's counter, read late
+    h.advance(3.1, {"x": 0.05})  # paused: nothing from e1
+    assert h.commands(CheckEngine) == [CheckEngine(engine_id="e1")]
+    h.advance(1.5, {"x": 0.05})
+    h.send(EnginePaused(engine_id="e1"))
+    h.advance(10.0, {"x": 0.05})
+    assert h.commands(Abort) == [] and h.commands(MarkEngine) == [] and h.commands(Fail) == []
+    h.send(EngineResumed(engine_id="e1"))
+    h.advance(2.0, {"a": 0.05, "b": 0.05, "x": 0.05})
+    assert h.commands(Abort) == []
+
+
+def test_a_request_stuck_while_its_engine_keeps_progressing_is_still_caught() -> None:
+    h = Harness()
+    h.engines(e1=4, e2=4)
+    h.arrive("a", stall_timeout_s=3.0)
+    h.arrive("x", stall_timeout_s=3.0)
+    h.arrive("b", stall_timeout_s=3.0)
+    assert (h.engine_of["a"], h.engine_of["b"], h.engine_of["x"]) == ("e1", "e1", "e2")
+    h.advance(1.0, {"a": 0.05, "b": 0.05, "x": 0.05})
+    last_a = h.now
+    out = h.advance(4.0, {"b": 0.05, "x": 0.05})  # a alone gets nothing while b progresses on e1
+    [abort] = of(out, Abort)
+    stuck_at = next(t for t, c in h.log if c is abort)
+    assert (abort.request_id, abort.reason) == ("a", AbortReason.STUCK)
+    assert stuck_at - last_a == pytest.approx(3.0, abs=0.06)

@@ -66,7 +66,7 @@ class FakeSGLang:
         return True
 
 
-def start_loop(engine: FakeSGLang) -> tuple[list[tuple[float, Event]], asyncio.Task[None]]:
+def joined(engine: FakeSGLang) -> tuple[list[tuple[float, Event]], EnginePool, EngineHandle]:
     events: list[tuple[float, Event]] = []
     loop = asyncio.get_running_loop()
     pool = EnginePool(
@@ -74,7 +74,13 @@ def start_loop(engine: FakeSGLang) -> tuple[list[tuple[float, Event]], asyncio.T
     )
     info = EngineInfo(family=EngineFamily.SGLANG)
     handle = EngineHandle(engine_id="engine-0", url=engine.url, client=engine, info=info, capacity=8)  # type: ignore[arg-type]
-    return events, loop.create_task(pool._health_loop(handle))
+    pool.engines[handle.engine_id] = handle
+    return events, pool, handle
+
+
+def start_loop(engine: FakeSGLang) -> tuple[list[tuple[float, Event]], asyncio.Task[None]]:
+    events, pool, handle = joined(engine)
+    return events, asyncio.get_running_loop().create_task(pool._health_loop(handle))
 
 
 @pytest.mark.looptime
@@ -105,3 +111,38 @@ async def test_a_hung_engine_is_never_taken_for_paused() -> None:
     assert not [e for _, e in events if isinstance(e, EnginePaused | EngineResumed)], events
     failed = [t for t, e in events if isinstance(e, EngineHealthChecked) and not e.healthy]
     assert len(failed) == 1 and failed[0] < 12 + 3 * (5 + 15) + 1, events  # three failed checks
+
+
+@pytest.mark.looptime
+async def test_the_cores_pause_check_reads_a_pause_the_health_loop_is_waiting_behind() -> None:
+    """The pause begins during a health check (which waits behind it for 15 s): the core's CheckEngine, 3 s in,
+    is answered at once, long before the loop would have seen it."""
+    engine = FakeSGLang(paused=(11.5, 200.0))
+    events, pool, handle = joined(engine)
+    loop_task = asyncio.get_running_loop().create_task(pool._health_loop(handle))
+    await asyncio.sleep(14.5)
+    pool.read_pause("engine-0")
+    await asyncio.sleep(0.1)
+    assert [(t, type(e)) for t, e in events] == [(pytest.approx(14.5), EnginePaused)]
+    loop_task.cancel()
+    await pool.close()
+
+
+class SilentEngine(FakeSGLang):
+    """Hung so hard that even its pause flag does not answer."""
+
+    async def readiness(self) -> Readiness | None:
+        await asyncio.sleep(math.inf)
+        raise AssertionError("unreachable")
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("engine", [FakeSGLang(hung_from=0.0), SilentEngine(hung_from=0.0)])
+async def test_the_pause_check_of_a_hung_engine_reports_nothing_and_gives_up_in_time(
+    engine: FakeSGLang,
+) -> None:
+    events, pool, _handle = joined(engine)
+    pool.read_pause("engine-0")
+    await asyncio.sleep(GatewaySettings().hang_check_timeout + 0.01)
+    assert events == [] and not pool._pause_reads  # the core quarantines it when its check time is up
+    await pool.close()

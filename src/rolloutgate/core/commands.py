@@ -16,6 +16,7 @@ from rolloutgate.core.timing import TimingBreakdown
 __all__ = (
     "Abort",
     "AbortReason",
+    "CheckEngine",
     "Command",
     "Complete",
     "Dispatch",
@@ -102,6 +103,15 @@ class Complete:
 
 
 @dataclass(**_frozen)
+class CheckEngine:
+    """The engine was silent for its whole stall window: read whether it is paused (a pause nobody announced,
+    which the health loop may not have seen yet). `EnginePaused` within the core's `hang_check_s` spares it;
+    otherwise it is judged hung then."""
+
+    engine_id: str
+
+
+@dataclass(**_frozen)
 class MarkEngine:
     """An engine changed state (e.g. quarantined as hung, recovered); for logs, metrics and health checks."""
 
@@ -132,4 +142,4 @@ class RecordGroup:
     prefill_tokens_saved: int = 0
 
 
-Command = Dispatch | Abort | Fail | Complete | MarkEngine | RecordGroup
+Command = Dispatch | Abort | Fail | Complete | CheckEngine | MarkEngine | RecordGroup

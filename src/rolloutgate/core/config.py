@@ -65,9 +65,12 @@ class GatewayCoreConfig:
     engine_stall_timeout_s: float = (
         math.inf
     )  # pool-level cap on the engine stall window (min with the requests')
-    stall_recheck_s: float = (
-        1.0  # a stalled request on a silent engine is looked at again after this (charged) time
-    )
+    # a stalled request on a silent engine is looked at again after this (charged) time; and an engine silent
+    # this long is not progressing on others (a request stalled with it is the engine's to judge)
+    stall_recheck_s: float = 1.0
+    # an engine silent for its stall window is first asked whether it is paused (CheckEngine: a trainer's
+    # pause the health loop has not read yet) and judged hung this much later unless it says so (0: at once)
+    hang_check_s: float = 2.0
     # a request that arrives at an empty queue is placed at once, without passing through the queue: the
     # decision the queue would make for it alone (False: through the queue; the reference the tests compare)
     direct_arrivals: bool = True
@@ -84,6 +87,7 @@ class GatewayCoreConfig:
             "retry_grace_s",
             "max_prefill_allowance_s",
             "engine_stall_timeout_s",
+            "hang_check_s",
         ):
             value = getattr(self, name)
             if math.isnan(value) or value < 0:

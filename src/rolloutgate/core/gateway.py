@@ -22,11 +22,13 @@ Verdicts (ENGINE clock mode; DESIGN.md is authoritative):
 - charged > timeout_s                 -> Abort(TIMEOUT) + Fail(TIMEOUT) with the timing breakdown
 - queue > queue_timeout_s             -> Fail(QUEUE_TIMEOUT, retry_after)
 - wall > max_wall_s                   -> Abort(MAX_WALL) if dispatched + Fail(MAX_WALL)
-- engine silent for its stall window  -> MarkEngine(quarantined), Abort(ENGINE_HUNG) + re-queue at the front
+- engine silent for its stall window  -> CheckEngine (is it paused?), then, still silent hang_check_s later,
+  MarkEngine(quarantined), Abort(ENGINE_HUNG) + re-queue at the front
   (requests pinned to that engine fail with NO_ENGINE, as when their engine leaves; while their engine is
   merely unhealthy or paused they wait)
 - request stuck alone (no progress for its stall_timeout of charged time while its engine progressed on
-  others) -> Abort(STUCK) + re-queue once avoiding that engine; stuck again -> Fail(STALL)
+  others, within the last stall_recheck_s) -> Abort(STUCK) + re-queue once avoiding that engine; stuck
+  again -> Fail(STALL)
 - retryable UpstreamFailed            -> re-queue avoiding that engine, up to max_attempts, then
   Fail(ATTEMPTS_EXHAUSTED); not retryable -> Fail(UPSTREAM); `engine_unreachable` -> MarkEngine(unhealthy)
 - client gone for retry_grace_s       -> Abort(CLIENT_GONE) if dispatched, forgotten (no Fail: no client)
@@ -57,6 +59,7 @@ from typing import Any
 
 from rolloutgate.core.commands import (
     AbortReason,
+    CheckEngine,
     Command,
     Complete,
     FailReason,
@@ -622,12 +625,20 @@ class Gateway(GatewayLedger):
         stall_v = clock.stall_v(self._own_prefill_allowance(r))
         if stall_v > v_now:
             engine.timers[clock.charge_class].set(r.request_id, min(timeout_v, stall_v))
-        elif engine.liveness.last_progress_at > clock.progress_at:
+        elif self._progresses_without(engine, clock.progress_at, now):
             self._stuck(r, engine, now, out)
-        else:  # the whole engine is silent: engine liveness decides; look again shortly
+        else:
+            # the whole engine is silent (for stall_recheck_s at least: one that went silent just after this
+            # request, paused or frozen with it, is not "progressing on others"): engine liveness decides,
+            # with its pause check; look again shortly
             engine.timers[clock.charge_class].set(
                 r.request_id, min(timeout_v, v_now + self._config.stall_recheck_s)
             )
+
+    def _progresses_without(self, engine: EngineRecord, since: float, now: float) -> bool:
+        """Whether the engine progressed after `since` and is still progressing (within stall_recheck_s)."""
+        last = engine.liveness.last_progress_at
+        return last > since and last >= now - self._config.stall_recheck_s
 
     def _stuck(self, r: RequestRecord, engine: EngineRecord, now: float, out: list[Command]) -> None:
         self._abort(r, AbortReason.STUCK, out)
@@ -644,6 +655,10 @@ class Gateway(GatewayLedger):
             floor_tokens_per_s=self._config.prefill_floor_tokens_per_s,
             max_allowance_s=self._config.max_prefill_allowance_s,
         )
+        check_s = self._config.hang_check_s
+        if due_at <= now and check_s > 0 and engine.liveness.ask_check(now):
+            out.append(CheckEngine(engine_id=engine_id))  # someone else may have paused it: ask first
+        due_at = engine.liveness.judged_at(due_at, check_s)
         if due_at > now:
             self._timers.set((TimerKind.LIVE, engine_id), due_at)
             return

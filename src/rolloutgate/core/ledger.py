@@ -251,10 +251,11 @@ class GatewayLedger:
         paused, or the gate suspends liveness)."""
         if not engine.requests or engine.is_paused or self._gate.is_liveness_suspended:
             return math.inf
-        return engine.liveness.due_at(
+        due_at = engine.liveness.due_at(
             floor_tokens_per_s=self._config.prefill_floor_tokens_per_s,
             max_allowance_s=self._config.max_prefill_allowance_s,
         )
+        return engine.liveness.judged_at(due_at, self._config.hang_check_s)
 
     def _drop_queue_timer(self, request_id: str) -> None:
         queue_timers = self._queue_timers

@@ -23,8 +23,14 @@ floor rate, capped:
 
 With the defaults (2,000 tok/s, cap 300 s), one 100K prefill adds 50 s: a 40 s prefill under a 60 s stall
 timeout is not a hang, and an engine frozen with that prefill in progress is caught after at most 110 s. With no
-large prefill in progress the allowance is 0 and a frozen engine is caught exactly `stall_timeout_s` after its
-last progress (the deadline is exact; there is no polling).
+large prefill in progress the allowance is 0 and a frozen engine is caught exactly `stall_timeout_s` +
+`hang_check_s` after its last progress (the deadlines are exact; there is no polling).
+
+The pause check. A trainer may pause the engine itself and tell nobody; the edge's health loop reads that
+(`EnginePaused`) within a health interval and two round trips, which on a loaded machine can outlast a short
+stall window. So at `due_at` the gateway first asks the edge to read the engine's pause flag (CheckEngine) and
+judges it hung only `hang_check_s` later if nothing changed: the verdict never races the health loop. One check
+per silence (`ask_check`); progress or a resume starts a new silence.
 
 Progress (the hot path) only stores `last_progress_at`; the gateway's timer for the engine is lazy: when it fires
 the due time is recomputed, and the timer is set again if progress moved it.
@@ -55,6 +61,8 @@ class EngineLiveness:
     __slots__ = (
         "_counts",
         "_heap",
+        "checked_at",
+        "checked_since",
         "large_prefill_tokens",
         "last_progress_at",
         "pool_stall_timeout_s",
@@ -66,6 +74,8 @@ class EngineLiveness:
         self.window_start_at = now
         self.large_prefill_tokens = 0
         self.pool_stall_timeout_s = pool_stall_timeout_s
+        self.checked_since = math.nan  # the silence (its `silent_since_at`) whose pause check was asked for
+        self.checked_at = -math.inf  # when
         self._counts: dict[float, int] = {}
         self._heap: list[float] = []
 
@@ -99,6 +109,21 @@ class EngineLiveness:
 
     def silent_since_at(self) -> float:
         return max(self.last_progress_at, self.window_start_at)
+
+    def ask_check(self, now: float) -> bool:
+        """This silence is due: True the first time (ask the engine whether it is paused)."""
+        silent_since = self.silent_since_at()
+        if self.checked_since == silent_since:
+            return False
+        self.checked_since, self.checked_at = silent_since, now
+        return True
+
+    def judged_at(self, due_at: float, check_s: float) -> float:
+        """When a silence due at `due_at` is judged: `check_s` after its pause check, once one was asked for
+        this silence (progress or a resume starts a new one)."""
+        if self.checked_since != self.silent_since_at():
+            return due_at
+        return max(due_at, self.checked_at) + check_s
 
     def due_at(self, *, floor_tokens_per_s: float, max_allowance_s: float) -> float:
         """When the engine counts as hung if nothing changes (the caller checks that it is watched)."""

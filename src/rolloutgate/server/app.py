@@ -103,6 +103,7 @@ def core_config(settings: GatewaySettings) -> GatewayCoreConfig:
         # the budget governs the prefills that contend (docs/prefill.md); smaller ones need only a slot
         prefill_budget_exempt_tokens=settings.contention_min_prefill_tokens,
         prefill_rest_ratio=settings.prefill_rest_ratio,
+        hang_check_s=settings.hang_check_timeout,
         max_staleness=settings.max_staleness,
         on_stale=settings.on_stale,
     )

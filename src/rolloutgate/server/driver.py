@@ -35,6 +35,7 @@ from typing import Any
 from rolloutgate.core.commands import (
     Abort,
     AbortReason,
+    CheckEngine,
     Command,
     Complete,
     Dispatch,
@@ -243,6 +244,9 @@ class Driver:
                 self._abort(command)
             elif isinstance(command, MarkEngine):
                 self._mark_engine(command)
+            elif isinstance(command, CheckEngine):
+                if self.pool is not None:
+                    self.pool.read_pause(command.engine_id)
             elif isinstance(command, RecordGroup):
                 self._record_group(command)
 

@@ -14,6 +14,10 @@ ready again it is reported `EngineResumed`. If a health check fails, the readine
 pause may have begun during the check). If SGLang did mark itself unhealthy during the pause (a check that
 was under way), `/ping` answers 503 too and readiness is NOT_READY: the engine stays paused and is
 health-checked, since only a passing check clears SGLang's mark; it passes once generation continues.
+
+Before the core judges a silent engine hung it asks for its pause flag (`CheckEngine`, core/liveness.py):
+`read_pause` reads it at once, so a pause the health loop has not seen yet (its loop sleeping, or inside a
+health check that waits behind the pause) is reported within `hang_check_timeout` and nothing is quarantined.
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ class EnginePool:
     session: aiohttp.ClientSession = field(init=False)  # set when the app starts
     engines: dict[str, EngineHandle] = field(default_factory=dict)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
+    _pause_reads: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def add(self, spec: EngineSpec) -> EngineHandle:
         """Probe and join an engine. Raises UpstreamError if it cannot be reached."""
@@ -168,12 +173,29 @@ class EnginePool:
         return next((h for h in self.engines.values() if h.url == url), None)
 
     async def close(self) -> None:
-        for handle in self.engines.values():
-            if handle.health_task is not None:
-                handle.health_task.cancel()
-        await asyncio.gather(
-            *(h.health_task for h in self.engines.values() if h.health_task), return_exceptions=True
-        )
+        tasks = [h.health_task for h in self.engines.values() if h.health_task] + list(self._pause_reads)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def read_pause(self, engine_id: str) -> None:
+        """The core is about to judge the engine hung (CheckEngine): read now whether it is paused, rather
+        than when its health loop next looks (a health check under way may take `health_timeout`)."""
+        handle = self.engines.get(engine_id)
+        if handle is None or handle.is_in_maintenance():
+            return
+        task = asyncio.create_task(self._read_pause(handle), name=f"pause-read-{engine_id}")
+        self._pause_reads.add(task)
+        task.add_done_callback(self._pause_reads.discard)
+
+    async def _read_pause(self, handle: EngineHandle) -> None:
+        try:
+            async with asyncio.timeout(self.real_seconds(self.settings.hang_check_timeout)):
+                readiness = await handle.client.readiness()
+        except TimeoutError:
+            return  # no answer in time (hung, as a rule): the core judges it when its check time is up
+        if readiness is Readiness.PAUSED and self.engines.get(handle.engine_id) is handle:
+            self._paused_by_engine(handle)
 
     async def _health_loop(self, handle: EngineHandle) -> None:
         interval = self.real_seconds(self.settings.health_interval)

@@ -240,6 +240,7 @@ def attach_trace(settings: GatewaySettings, driver: Driver, pool: EnginePool) ->
         "settings": {
             "timeout": settings.timeout,
             "stall_timeout": settings.stall_timeout,
+            "hang_check_timeout": settings.hang_check_timeout,
             "health_interval": settings.health_interval,
             "health_failures": settings.health_failures,
         },

@@ -1,5 +1,6 @@
 """The replay's agents carry their session's token budget (bench/replay/agents.py): in the body of
-`POST /sessions` with the session API, as the X-Rolloutgate-Max-Seq-Len header on each call without it."""
+`POST /sessions` with the session API, as the X-Rolloutgate-Max-Seq-Len header on each call without it; with
+groups, a storm wave's sessions share one prompt and one group id."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from rolloutgate.bench.replay.agents import AgentFleet
-from rolloutgate.bench.replay.scenario import ReplayConfig
+from rolloutgate.bench.replay.scenario import ReplayConfig, agent_plan
+from rolloutgate.server.front import GROUP_HEADER
 
 
 @pytest.fixture
@@ -61,3 +63,39 @@ async def test_sessions_carry_their_budget(
 def test_a_budget_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_seq_len"):
         ReplayConfig(max_seq_len=0)
+
+
+class CapturingLiteLLM:
+    """Answers every call at once and keeps what was sent."""
+
+    ContextWindowExceededError = type("ContextWindowExceededError", (Exception,), {})
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    async def acompletion(self, **call: Any) -> Any:
+        self.calls.append(call)
+        message = type("Message", (), {"content": "ok"})
+        choice = type("Choice", (), {"message": message})
+        return type("Response", (), {"choices": [choice], "usage": None})
+
+
+@pytest.mark.parametrize("groups", [True, False])
+async def test_a_storm_wave_with_groups_is_one_group_with_one_prompt(
+    gateway: tuple[str, list[Any]], groups: bool
+) -> None:
+    """`--groups`: a storm wave's sessions are the n samples of one prompt (GRPO): the same messages, the same
+    X-Rolloutgate-Group; without it every session's prompt is its own."""
+    url, _created = gateway
+    config = ReplayConfig(groups=groups, time_scale=1e6)
+    litellm = CapturingLiteLLM()
+    group = "storm0" if groups else None
+    async with aiohttp.ClientSession() as http:
+        fleet = AgentFleet(config, url, lambda: 0.0, litellm=litellm, http=http)
+        for index in range(2):
+            plan = agent_plan(config, index, storm=True, group=group)
+            await fleet._session(plan.next_session(), f"storm0-{index}", 0)
+    first, second = litellm.calls
+    assert (first["messages"] == second["messages"]) is groups
+    assert [c["extra_headers"].get(GROUP_HEADER) for c in litellm.calls] == [group, group]
+    assert all(t.ok for t in fleet.turns)

@@ -7,7 +7,8 @@ so in wallclock mode they can never finish, as the incident's ~460 s decodes aga
 real thing: LiteLLM with its default retries, the gateway in both clock modes, the simulator's physics.
 
 The time scale is low (x5) so that a busy machine does not distort the run much: the replay measures its own
-event-loop stalls, and the one bound that is tight in simulated time (detection within stall_timeout + 10%) is
+event-loop stalls, and the one bound that is tight in simulated time (detection within stall_timeout + 10% and
+the pause check's 2 s) is
 allowed the stall the run measured on top (and, as in the replay's own verdict, the prefill allowance of new
 sessions the gateway sent to the engine after it froze).
 """
@@ -23,6 +24,7 @@ import pytest_asyncio
 from rolloutgate.bench.replay.result import ReplayResult
 from rolloutgate.bench.replay.run import run_replay
 from rolloutgate.bench.replay.scenario import ReplayConfig
+from rolloutgate.config import GatewaySettings
 
 # LiteLLM leaves a coroutine unawaited when an agent's call is cancelled at the end of the run
 pytestmark = pytest.mark.filterwarnings(
@@ -81,6 +83,7 @@ def test_engine_time_mode_keeps_its_guarantees(replay: ReplayResult) -> None:
     # new sessions sent to the engine after it froze legitimately widen its stall window (core/liveness.py);
     # and the run's own event-loop stalls delay every timer
     allowance = detection["prefill_allowance_s"] + engine["loop_stalls"]["max_simulated_s"]
+    allowance += GatewaySettings().hang_check_timeout  # the pause check before the verdict (core/liveness.py)
     assert detection["detected_as"] == "quarantined"
     assert detection["detected_after_s"] <= 1.1 * SHORT.stall_timeout_s + allowance, (detection, allowance)
     frozen = engine["frozen_engine_requests"]

@@ -26,6 +26,7 @@ import aiohttp
 
 from rolloutgate.bench.replay.attempts import AttemptRecord, install, recording
 from rolloutgate.bench.replay.scenario import AgentPlan, ReplayConfig, SessionPlan
+from rolloutgate.server.front import GROUP_HEADER
 
 __all__ = ("AgentFleet", "TurnRecord", "import_litellm")
 
@@ -142,10 +143,13 @@ class AgentFleet:
     async def _session(self, plan: SessionPlan, agent: str, index: int) -> None:
         session = f"{agent}-s{index}"
         base_url, headers, routing_key = await self._base_url(session)
-        history = text_of_tokens(session, plan.history_tokens)
+        prompt = session if plan.group is None else plan.group  # a group's samples share one prompt
+        if plan.group is not None:
+            headers = {**headers, GROUP_HEADER: plan.group}
+        history = text_of_tokens(prompt, plan.history_tokens)
         messages: list[dict[str, str]] = [
             {"role": "system", "content": history},
-            {"role": "user", "content": f"Task of session {session}: work through it step by step."},
+            {"role": "user", "content": f"Task of session {prompt}: work through it step by step."},
         ]
         prompt_tokens = plan.history_tokens
         for number, turn in enumerate(plan.turns):

@@ -62,6 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="session token budgets: each session carries this max_seq_len (docs/rl.md; default none)",
     )
     add(
+        "--groups",
+        action="store_true",
+        help="each storm wave is one GRPO group: one shared prompt, one X-Rolloutgate-Group (docs/rl.md)",
+    )
+    add(
         "--no-prefill-admission",
         action="store_true",
         help="engine-time gateway without prefill-aware admission, as before it (docs/prefill.md)",
@@ -112,7 +117,11 @@ def _config(args: argparse.Namespace) -> ReplayConfig:
         given["record_trace"] = str(args.out)
     if args.max_seq_len is not None:
         given["max_seq_len"] = args.max_seq_len
-    common = {"sessions": args.sessions, "prefill_admission": not args.no_prefill_admission}
+    common = {
+        "sessions": args.sessions,
+        "groups": args.groups,
+        "prefill_admission": not args.no_prefill_admission,
+    }
     if args.scenario == "trace":
         from rolloutgate.bench.replay.trace_workload import trace_config
 

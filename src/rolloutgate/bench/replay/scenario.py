@@ -61,6 +61,9 @@ class ReplayConfig:
     # session token budgets (docs/rl.md): each session carries this max_seq_len (`POST /sessions` with
     # --sessions, else the X-Rolloutgate-Max-Seq-Len header on each turn); None: no budget
     max_seq_len: int | None = None
+    # GRPO groups (docs/rl.md): each storm wave is one group, the n samples of one prompt: its sessions share
+    # one history and carry one group id (X-Rolloutgate-Group), so the gateway places them together
+    groups: bool = False
     # trace capture and replay (bench/replay/trace_workload.py, docs/replay.md)
     record_trace: str | None = None  # a folder: each mode's gateway writes trace-<mode>.jsonl there
     trace: str | None = None  # a trace to replay: its sessions and events instead of the scenario's
@@ -154,14 +157,18 @@ class TurnPlan:
 class SessionPlan:
     history_tokens: int
     turns: tuple[TurnPlan, ...]
+    group: str | None = None  # a group's sessions share their prompt (the group's history) and its id
 
 
 class AgentPlan:
     """An agent's endless, deterministic supply of sessions (the same in both modes)."""
 
-    def __init__(self, config: ReplayConfig, agent: int, *, storm: bool = False) -> None:
+    def __init__(
+        self, config: ReplayConfig, agent: int, *, storm: bool = False, group: str | None = None
+    ) -> None:
         self.config = config
         self.agent = agent
+        self.group = group
         self.start_s = (
             0.0
             if storm
@@ -175,12 +182,15 @@ class AgentPlan:
         rng = random.Random(f"{config.seed}/{'storm' if self._storm else 'agent'}/{self.agent}/{self._count}")
         self._count += 1
         history = rng.randint(*config.history_tokens)
+        if self.group is not None:  # the group's one prompt
+            history = random.Random(f"{config.seed}/group/{self.group}").randint(*config.history_tokens)
         if self._storm:
             return SessionPlan(
                 history_tokens=history,
                 turns=(
                     TurnPlan(kind="storm", max_tokens=rng.randint(*config.storm_tokens), tool_time_s=0.0),
                 ),
+                group=self.group,
             )
         turns = [TurnPlan(kind="opening", max_tokens=rng.randint(*config.opening_tokens), tool_time_s=0.0)]
         for _ in range(config.turns_per_session - 1):
@@ -201,5 +211,7 @@ class AgentPlan:
         return SessionPlan(history_tokens=history, turns=tuple(timed))
 
 
-def agent_plan(config: ReplayConfig, agent: int, *, storm: bool = False) -> AgentPlan:
-    return AgentPlan(config, agent, storm=storm)
+def agent_plan(
+    config: ReplayConfig, agent: int, *, storm: bool = False, group: str | None = None
+) -> AgentPlan:
+    return AgentPlan(config, agent, storm=storm, group=group)

@@ -17,8 +17,8 @@ trace FILE` compares both clock modes on an operator's own traffic with the same
   one `long` when its `max_tokens` would not fit the client timeout at the trace's median decode rate
   (output tokens per charged second of the answered requests), else `medium`;
 - events: the gate closing is a weight update at that time; an engine the gateway marked quarantined or
-  unhealthy and never healthy again froze (the gateway cannot see a freeze, only its effect) `stall_timeout`
-  (quarantined) or `health_failures` x `health_interval` (unhealthy) before the mark, and freezes there in the
+  unhealthy and never healthy again froze (the gateway cannot see a freeze, only its effect) `stall_timeout` +
+  `hang_check_timeout` (quarantined) or `health_failures` x `health_interval` (unhealthy) before the mark, and freezes there in the
   replay; a storm is at least one new ~100K-token session per engine arriving within `STORM_WINDOW_S`, a
   marker for the figures (the trace brings its sessions). An engine that recovered, a staggered per-engine
   pause and the weight update's own duration are not replayed (the simulator's update takes its 25 s).
@@ -319,7 +319,10 @@ class TraceWorkload:
         freezes = []
         for engine, mark in lost.items():
             if mark["state"] == "quarantined":
-                before = trace.setting("stall_timeout", self.config.stall_timeout_s)
+                before = trace.setting("stall_timeout", self.config.stall_timeout_s) + trace.setting(
+                    "hang_check_timeout",
+                    0.0,  # a trace of before the pause check
+                )
             else:
                 before = trace.setting("health_failures", 3) * trace.setting("health_interval", 5.0)
             at = max(0.0, float(mark["at"]) - before)

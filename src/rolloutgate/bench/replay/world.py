@@ -166,8 +166,9 @@ class _Events:
         record["at"] = self.cluster.clock.now()
         if event.kind == "storm":
             wave = int(event.detail["wave"])
+            group = f"storm{wave}" if self.config.groups else None
             for index in range(int(event.detail["sessions"])):
-                plan = agent_plan(self.config, wave * 1000 + index, storm=True)
+                plan = agent_plan(self.config, wave * 1000 + index, storm=True, group=group)
                 self.fleet.start_agent(plan, f"storm{wave}-{index}", sessions=1)
         elif event.kind == "update":
             await self._update(record)
