@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from multidict import CIMultiDict
 
 from rolloutgate import token_budget
 from rolloutgate.engines.base import Route
@@ -88,12 +89,12 @@ def test_a_batch_generate_is_refused(body: dict[str, Any]) -> None:
     [
         ({}, None),
         ({"X-Rolloutgate-Max-Seq-Len": "4096"}, 4096),
-        ({"x-rolloutgate-max-seq-len": "12"}, 12),  # a plain dict's names compare without case
+        ({"x-rolloutgate-max-seq-len": "12"}, 12),
         ({"X-ROLLOUTGATE-MAX-SEQ-LEN": "7"}, 7),
     ],
 )
 def test_the_header_budget(headers: dict[str, str], expected: int | None) -> None:
-    assert token_budget.header_budget(headers) == expected
+    assert token_budget.header_budget(CIMultiDict(headers)) == expected  # as the edges hand them over
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "1.5", "lots", ""])

@@ -44,7 +44,6 @@ __all__ = (
 )
 
 HEADER = "X-Rolloutgate-Max-Seq-Len"
-_HEADER_LOWER = HEADER.lower()
 # where each route keeps its output limit, the first one the preferred (OpenAI: max_tokens is deprecated)
 _LIMIT_FIELDS = {
     Route.CHAT: ("max_completion_tokens", "max_tokens"),
@@ -63,10 +62,8 @@ def parse_max_seq_len(value: Any, *, param: str) -> int | None:
 
 def header_budget(headers: Mapping[str, str]) -> int | None:
     """The `X-Rolloutgate-Max-Seq-Len` of `headers` (a positive integer), or None. Raises BadRequest.
-    aiohttp's request headers are looked up as they are; a plain dict's names are compared without case."""
+    `headers` compare names without case, as aiohttp's and the session API's do (sessions/http.py)."""
     raw = headers.get(HEADER)
-    if raw is None and isinstance(headers, dict):
-        raw = next((v for k, v in headers.items() if k.lower() == _HEADER_LOWER), None)
     if raw is None:
         return None
     try:

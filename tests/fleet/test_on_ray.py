@@ -1,7 +1,7 @@
 """A fleet on a local Ray cluster (`make test-fleet`): 3 replica actors, 7 simulated SGLang engines (`rolloutgate
 sim` in a subprocess; 6 given at start, 1 registered over HTTP). Each engine has exactly one owner; calls and a
 session's turns through replica 0 reach the owner in one hop; registration on another replica reaches the
-controller; a replica SIGKILLed comes back under Ray's restart policy on its old URL and takes its share back;
+controller; a fleet-wide pause over Ray charges no generation on any replica; a replica SIGKILLed comes back under Ray's restart policy on its old URL and takes its share back;
 one killed for good has its engines re-owned by the others within 10 s.
 
 The tests share one fleet and run in order (each leaves it whole, but the last)."""
@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -24,6 +25,7 @@ from rolloutgate.config import GatewaySettings
 from rolloutgate.fleet import Fleet, start_fleet
 from rolloutgate.fleet.assignment import named_replica
 from rolloutgate.fleet.routing import REPLICA_HEADER, VIA_HEADER
+from tests.fleet.test_in_process import key_owned_by, long_generate
 
 pytestmark = pytest.mark.fleet
 
@@ -181,6 +183,47 @@ def test_registration_on_another_replica_reaches_the_controller(
     assert [r for r, urls in held.items() if new in urls] == [owner]
     assert pools_hold(fleet, ENGINES + 1)
     assert sorted(http.get(f"{fleet.urls[2]}/list_workers").json()["urls"]) == sorted(engines)
+
+
+def test_a_fleet_wide_pause_over_ray_during_a_generate_on_each_replica_charges_nobody(
+    fleet: Fleet, http: httpx.Client
+) -> None:
+    """The fleet-wide operations over Ray handles: `/admin/pause` on replica 1 closes every replica's gate
+    while a /generate runs on each; the answer lists every replica and engine; `/admin/resume` on replica 2
+    opens them; each generation completes with the pause in its `paused` clock, none of it charged."""
+    view = fleet.view()
+    tokens = 20_000  # ~2.5 s of real time at x100: the pause lands in the middle
+    with ThreadPoolExecutor(REPLICAS) as pool:
+        calls = []
+        for replica_id, url in view.replicas.items():
+            body, headers = long_generate(key_owned_by(view, replica_id, "ray-pause-"), tokens)
+            calls.append(pool.submit(http.post, f"{url}/generate", json=body, headers=headers))
+        time.sleep(0.5)
+        paused = http.post(f"{fleet.urls[1]}/admin/pause", json={"mode": "in_place"})
+        paused_at = time.monotonic()
+        assert paused.status_code == 200, paused.text
+        answer = paused.json()
+        assert (
+            answer["ok"] and answer["missing"] == [] and sorted(answer["replicas"]) == sorted(view.replicas)
+        )
+        assert answer["engines"] == dict(view.owners)
+        state = http.get(f"{fleet.urls[0]}/admin/state", params={"scope": "fleet"}).json()
+        assert all(p["answer"]["gate"]["mode"] == "in_place" for p in state["replicas"].values()), state
+        time.sleep(0.6)
+        resumed = http.post(f"{fleet.urls[2]}/admin/resume", json={})
+        held_s = (time.monotonic() - paused_at) * TIME_SCALE
+        assert resumed.status_code == 200 and resumed.json()["ok"], resumed.text
+        for call in calls:
+            done = call.result(timeout=60)
+            assert done.status_code == 200, done.text
+            result = done.json()
+            assert result["meta_info"]["completion_tokens"] == tokens
+            timing = result["rolloutgate_timing"]
+            assert timing["paused_s"] >= 0.8 * held_s, timing
+            assert timing["charged_s"] <= timing["wall_s"] - timing["paused_s"] + 0.5, timing
+    metrics = http.get(f"{fleet.url}/metrics", params={"scope": "fleet"}).text
+    up = [line for line in metrics.splitlines() if line.startswith("rolloutgate_replica_up{")]
+    assert len(up) == REPLICAS and all(line.endswith(" 1.0") for line in up), up
 
 
 def test_a_sigkilled_replica_comes_back_on_its_url_and_takes_its_share(

@@ -126,3 +126,28 @@ async def test_a_bad_group_is_a_400_naming_it(
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("header", ["X-Rolloutgate-Group", "x-rolloutgate-group"])
+async def test_session_turns_join_their_group_whatever_the_header_case(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient, header: str
+) -> None:
+    """A GRPO group of agent sessions: each sample's turn sent through its own session URL with the group
+    header (HTTP header names are case-insensitive; httpx and aiohttp keep the case a client gives)."""
+    cluster = await make_cluster(engines=2, time_scale=SCALE)
+    gateway = await make_gateway(cluster)
+    chat = {"model": "sim-model", "messages": [{"role": "user", "content": "hi " * 3000}], "max_tokens": 3}
+    sessions = [(await http.post(f"{gateway.url}/sessions")).json()["session_id"] for _ in range(3)]
+    answers = await asyncio.gather(
+        *(
+            http.post(f"{gateway.url}/sessions/{s}/v1/chat/completions", json=chat, headers={header: "g-1"})
+            for s in sessions
+        )
+    )
+    assert all(a.status_code == 200 for a in answers), answers[0].text
+    metrics = await samples(http, gateway.url)
+    assert metrics[("rolloutgate_groups_total", (("outcome", "finished"),))] == 1
+    engines = {
+        (await http.get(f"{gateway.url}/sessions/{s}")).json()["records"][0]["engine"] for s in sessions
+    }
+    assert len(engines) == 1  # the siblings on one engine

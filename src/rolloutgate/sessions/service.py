@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import orjson
+from multidict import CIMultiDict
 
 from rolloutgate import token_budget
 from rolloutgate.core.clock import Clock
@@ -213,7 +214,8 @@ class SessionService:
         """Run one chat turn of a session. Raises GatewayError subclasses (session and gateway errors; a turn
         whose prompt fills its token budget: 400 context_length_exceeded, from the dispatcher)."""
         request = tito.read_chat_request(body)
-        header_budget = token_budget.header_budget(headers or {})
+        headers = CIMultiDict(headers or {})  # names without case, as HTTP's
+        header_budget = token_budget.header_budget(headers)
         keys = [message_key(m) for m in request.messages]
         tkey = tools_key(request.tools, request.template_kwargs)
         registry, renderer = self.registry, self.renderer
@@ -313,7 +315,7 @@ class SessionService:
             method="POST",
             path=path,
             body=body,
-            headers=dict(headers or {}),
+            headers=CIMultiDict(headers or {}),
             max_seq_len=max_seq_len,
             prompt_tokens=None if prompt_ids is None else len(prompt_ids),
         )
@@ -385,7 +387,7 @@ class SessionService:
                 body=json_body,
                 raw_body=None if json_body is not None else (body or None),
                 query=query,
-                headers=dict(headers),
+                headers=CIMultiDict(headers),
             )
         )
 

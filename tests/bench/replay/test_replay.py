@@ -189,3 +189,37 @@ def test_an_answer_on_its_way_when_the_run_ends_is_in_progress_not_wasted() -> N
     }
     views, _ = view_generations(records)
     assert {v.request_id: v.outcome for v in views} == {"late": "in_progress", "gone": "wasted"}
+
+
+def test_a_partial_sample_is_delivered_and_an_earlier_aborted_attempt_is_wasted() -> None:
+    """`--on-stale partial`: the stale request's last attempt, ended by its engine's abort, is the answer its
+    client received (a partial sample); an attempt aborted before it (re-queued) was still work for nobody."""
+    from rolloutgate.bench.replay.measure import view_generations
+
+    def generation(rid: str, finish: str) -> dict[str, object]:
+        return {"engine": 0, "rid": rid, "started_at": 10.0, "finished_at": 40.0, "finish": finish}
+
+    records = {
+        "ended_at": 100.0,
+        "ends": [
+            {"request_id": "stale", "at": 41.0, "ok": True},
+            {"request_id": "cut", "at": 41.0, "ok": False},
+        ],
+        "attempts": [
+            {"request_id": "stale", "ended_at": 41.0, "status": 200, "client_gone": False},
+            {"request_id": "cut", "ended_at": 41.0, "status": 504, "client_gone": False},
+        ],
+        "events": [],
+        "holds": [],
+        "generations": [
+            generation("stale-01", "abort"),
+            generation("stale-02", "abort"),
+            generation("cut-01", "abort"),
+        ],
+    }
+    views, _ = view_generations(records)
+    assert [(v.request_id, v.attempt, v.outcome) for v in views] == [
+        ("stale", 1, "wasted"),
+        ("stale", 2, "delivered"),
+        ("cut", 1, "wasted"),  # aborted and its client answered with an error: nobody got its tokens
+    ]

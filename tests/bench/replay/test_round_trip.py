@@ -3,21 +3,13 @@ floor, and the verdicts compared run by run. The runs themselves: tests/bench/re
 
 from __future__ import annotations
 
-from typing import Any, cast
+from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
-from rolloutgate.bench.replay.result import ReplayResult
-from rolloutgate.bench.replay.round_trip import FIGURES, RoundTrip, compare, table
-
-
-class Run:
-    """What compare reads of a ReplayResult: its figures, its verdicts, whether they held."""
-
-    def __init__(self, scale: float, *, verdict_ok: bool = True) -> None:
-        self.figures = {mode: _figures(scale) for mode in ("engine", "wallclock")}
-        self.verdicts = [{"mode": "engine", "claim": "0 spurious timeouts (x)", "ok": verdict_ok}]
-        self.passed = verdict_ok
+from rolloutgate.bench.replay.round_trip import FIGURES, RoundTrip, Run, compare, table
 
 
 def _figures(scale: float) -> dict[str, Any]:
@@ -32,17 +24,19 @@ def _figures(scale: float) -> dict[str, Any]:
     }
 
 
+def run(scale: float, *, ok: bool = True) -> Run:
+    figures = {mode: _figures(scale) for mode in ("engine", "wallclock")}
+    return Run(figures=figures, verdicts=[{"mode": "engine", "claim": "0 spurious timeouts (x)", "ok": ok}])
+
+
 def trip(
     seed: int, recorded: float, replayed: float, *, again: float | None = None, ok: bool = True
 ) -> RoundTrip:
-    def result(scale: float, verdict_ok: bool = True) -> ReplayResult:
-        return cast(ReplayResult, Run(scale, verdict_ok=verdict_ok))
-
     return RoundTrip(
         seed=seed,
-        recorded=result(recorded),
-        replayed=result(replayed, ok),
-        again=None if again is None else result(again),
+        recorded=run(recorded),
+        replayed=run(replayed, ok=ok),
+        again=None if again is None else run(again),
     )
 
 
@@ -72,3 +66,10 @@ def test_a_verdict_that_differs_is_reported() -> None:
 def test_a_figure_that_was_zero_has_no_ratio_and_is_not_within() -> None:
     summary = compare([trip(0, 0.0, 1.0)])
     assert all(r["ratio"] is None and not r["within_10pct"] for r in summary["figures"])
+
+
+def test_a_run_is_read_back_from_its_replay_json(tmp_path: Path) -> None:
+    written = run(1.0)
+    summary = {"config": {}, "modes": written.figures, "verdicts": written.verdicts, "wall_seconds": 1.0}
+    (tmp_path / "replay.json").write_bytes(orjson.dumps(summary))
+    assert Run.read(tmp_path) == written and written.passed

@@ -21,7 +21,8 @@ Definitions (simulated seconds; "the end" is the end of the run):
   those generated (with `ignore_eos` an uncapped turn generates exactly what it asked for); beside it the
   gateway's own count, `rolloutgate_budget_tokens_saved_total`, and the other RL counters from its /metrics
   (world.py COUNTERS; 0 where the gateway does not export one);
-- generation: one dispatch to an engine (one rid); delivered: it finished and its answer reached a client;
+- generation: one dispatch to an engine (one rid); delivered: it finished and its answer reached a client (a
+  partial sample, the stale request's last attempt answered with what it had when its engine aborted it, too);
 - engine-seconds of a generation: from its admission to its end (or the end of the run), less the time its
   engine was paused or frozen: the time it held a slot of a working batch;
 - wasted engine-seconds: engine-seconds of generations whose answer no client received, except
@@ -142,6 +143,10 @@ def view_generations(records: dict[str, Any]) -> tuple[list[GenerationView], dic
         else:
             at = _kill_time(attempt, ends)
             killed_at[rid] = min(at, killed_at.get(rid, math.inf))
+    last_attempt: dict[str, int] = {}
+    for g in records["generations"]:
+        request_id, number = _request_id(g["rid"])
+        last_attempt[request_id] = max(number, last_attempt.get(request_id, number))
     views = []
     for g in records["generations"]:
         request_id, number = _request_id(g["rid"])
@@ -154,7 +159,11 @@ def view_generations(records: dict[str, Any]) -> tuple[list[GenerationView], dic
             seconds = end_at - start
             seconds -= pauses[engine].overlap(start, end_at) if engine in pauses else 0.0
             seconds -= freezes[engine].overlap(start, end_at) if engine in freezes else 0.0
-        delivered = g["finish"] in ("stop", "length") and request_id in answered
+        # a partial sample (`--on-stale partial`) is its last attempt's output, ended by the engine's abort
+        finished = g["finish"] in ("stop", "length") or (
+            g["finish"] == "abort" and number == last_attempt[request_id]
+        )
+        delivered = finished and request_id in answered
         killed = killed_at.get(request_id)
         caught_by_freeze = (
             engine in freezes and freeze_at < end_at
@@ -270,6 +279,9 @@ def _detection(records: dict[str, Any]) -> dict[str, Any]:
     marks = [m for m in marks if m["state"] in ("quarantined", "unhealthy", "removed")]
     first = min(marks, key=lambda m: m["at"]) if marks else None
     allowance = 0.0 if first is None else _allowance_after_freeze(records, engine, freeze["at"], first["at"])
+    until = end if first is None else float(first["at"])
+    # the run's own event loop, late while the verdict was due, delays it that much (simulated seconds)
+    lags = [late for at, late in records.get("loop_lags", []) if freeze["at"] <= at <= until]
     return {
         "frozen_engine": engine,
         "frozen_at": freeze["at"],
@@ -277,6 +289,7 @@ def _detection(records: dict[str, Any]) -> dict[str, Any]:
         "detected_after_s": None if first is None else first["at"] - freeze["at"],
         "detected_as": None if first is None else first["state"],
         "prefill_allowance_s": allowance,
+        "loop_lag_s": round(max(lags, default=0.0) * float(records["config"]["time_scale"]), 1),
     }
 
 

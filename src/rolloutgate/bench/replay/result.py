@@ -60,10 +60,12 @@ def verdicts(config: ReplayConfig, figures: dict[str, dict[str, Any]]) -> list[d
         detection = engine["detection"]
         after = detection.get("detected_after_s")
         allowance = detection.get("prefill_allowance_s") or 0.0
+        lag = detection.get("loop_lag_s") or 0.0
         # the pause check's time comes on top by design (core/liveness.py): the claim is about the stall window
         check_s = gateway_settings(config, "engine", []).hang_check_timeout
-        bound = 1.1 * config.stall_timeout_s + check_s + allowance
+        bound = 1.1 * config.stall_timeout_s + check_s + allowance + lag
         extra = f" + {allowance:.0f} s of prefill allowance" if allowance else ""
+        extra += f" + {lag:.0f} s the run's event loop was late meanwhile" if lag else ""
         check(
             "engine",
             "frozen engine detected within stall_timeout + 10% + the pause check"

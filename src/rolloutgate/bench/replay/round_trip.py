@@ -9,9 +9,10 @@ on which turns a storm or the update lands on: one run is too few to read 10% in
 recording, the replay of its trace, their ratio and whether it is within 10%, and the noise floor; and whether
 every verdict is the same.
 
-    python -m rolloutgate.bench.replay.round_trip --seeds 0 1 --again --out out/round-trip
+    python -m rolloutgate.bench.replay.round_trip --seeds 0 1 2 3 --again --out out/round-trip
 
-writes OUT/round_trip.json and OUT/seed-N/{recorded,replayed,again}/ (each a replay's own output).
+writes OUT/round_trip.json and OUT/seed-N/{recorded,replayed,again}/ (each a replay's own output); `--reuse`
+reads the runs already there (more seeds added to an earlier run).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from rolloutgate.bench.replay.run import run_replay
 from rolloutgate.bench.replay.scenario import ReplayConfig
 from rolloutgate.bench.replay.trace_workload import trace_config
 
-__all__ = ("FIGURES", "RoundTrip", "compare", "main", "round_trip")
+__all__ = ("FIGURES", "RoundTrip", "Run", "compare", "main", "round_trip")
 
 TOLERANCE = 0.10
 
@@ -51,22 +52,44 @@ FIGURES: list[Figure] = [
 ]
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
+class Run:
+    """What the comparison reads of one replay: each mode's figures and the verdicts (its replay.json)."""
+
+    figures: dict[str, dict[str, Any]]
+    verdicts: list[dict[str, Any]]
+
+    @property
+    def passed(self) -> bool:
+        return all(v["ok"] for v in self.verdicts)
+
+    @classmethod
+    def of(cls, result: ReplayResult) -> Run:
+        return cls(figures=result.figures, verdicts=result.verdicts)
+
+    @classmethod
+    def read(cls, folder: Path) -> Run:
+        """A replay's output folder, as `run_replay` wrote it."""
+        summary = orjson.loads((folder / "replay.json").read_bytes())
+        return cls(figures=summary["modes"], verdicts=summary["verdicts"])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class RoundTrip:
     """One seed: its recording, the replay of its trace, and (with --again) a second recording."""
 
     seed: int
-    recorded: ReplayResult
-    replayed: ReplayResult
-    again: ReplayResult | None = None
+    recorded: Run
+    replayed: Run
+    again: Run | None = None
 
 
-def _verdicts(result: ReplayResult) -> list[tuple[str, str, bool]]:
-    return [(v["mode"], v["claim"].split(" (")[0], v["ok"]) for v in result.verdicts]
+def _verdicts(run: Run) -> list[tuple[str, str, bool]]:
+    return [(v["mode"], v["claim"].split(" (")[0], v["ok"]) for v in run.verdicts]
 
 
-def _total(results: list[ReplayResult], mode: str, read: Callable[[dict[str, Any]], float]) -> float:
-    return float(sum(read(r.figures[mode]) for r in results))
+def _total(runs: list[Run], mode: str, read: Callable[[dict[str, Any]], float]) -> float:
+    return float(sum(read(r.figures[mode]) for r in runs))
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -108,24 +131,27 @@ def compare(trips: list[RoundTrip]) -> dict[str, Any]:
     }
 
 
-async def round_trip(base: ReplayConfig, seed: int, out: Path, *, again: bool) -> RoundTrip:
-    """One seed's recording, the replay of its engine-time trace and, with `again`, its second recording."""
-    recorded_dir = out / f"seed-{seed}" / "recorded"
-    recording = dataclasses.replace(base, seed=seed, record_trace=str(recorded_dir))
-    recorded = await run_replay(recording, recorded_dir, plot=False)
+async def round_trip(base: ReplayConfig, seed: int, out: Path, *, again: bool, reuse: bool) -> RoundTrip:
+    """One seed's recording, the replay of its engine-time trace and, with `again`, its second recording;
+    with `reuse`, a run whose folder already holds its replay.json is read instead of run again."""
+    folder = out / f"seed-{seed}"
+
+    async def run(config: ReplayConfig, name: str) -> Run:
+        if reuse and (folder / name / "replay.json").exists():
+            return Run.read(folder / name)
+        return Run.of(await run_replay(config, folder / name, plot=False))
+
+    recording = dataclasses.replace(base, seed=seed, record_trace=str(folder / "recorded"))
+    recorded = await run(recording, "recorded")
     config = trace_config(
-        recorded_dir / "trace-engine.jsonl",
+        folder / "recorded" / "trace-engine.jsonl",
         time_scale=base.time_scale,
         seed=seed,
         client_timeout_s=base.client_timeout_s,
         reply_kept_tokens=base.reply_kept_tokens,
     )
-    replayed = await run_replay(config, out / f"seed-{seed}" / "replayed", plot=False)
-    second = None
-    if again:
-        second = await run_replay(
-            dataclasses.replace(base, seed=seed), out / f"seed-{seed}" / "again", plot=False
-        )
+    replayed = await run(config, "replayed")
+    second = await run(dataclasses.replace(base, seed=seed), "again") if again else None
     return RoundTrip(seed=seed, recorded=recorded, replayed=replayed, again=second)
 
 
@@ -164,15 +190,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="scenario seeds (default 0)")
     parser.add_argument("--again", action="store_true", help="record each seed twice: the noise floor")
+    parser.add_argument(
+        "--reuse", action="store_true", help="read the runs whose OUT/seed-N/<run>/replay.json exists"
+    )
     parser.add_argument("--time-scale", type=float, default=ReplayConfig().time_scale)
     parser.add_argument("--out", type=Path, default=Path("out/round-trip"))
     args = parser.parse_args(argv)
     base = ReplayConfig(time_scale=args.time_scale)
-    trips = [asyncio.run(round_trip(base, seed, args.out, again=args.again)) for seed in args.seeds]
+    trips = [
+        asyncio.run(round_trip(base, seed, args.out, again=args.again, reuse=args.reuse))
+        for seed in args.seeds
+    ]
     summary = compare(trips)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "round_trip.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
-    console = Console()
+    console = Console(width=max(Console().width, 120))  # the table's labels whole, in a log file too
     console.print(table(summary))
     console.print(
         f"same verdicts recorded and replayed: {'yes' if summary['same_verdicts'] else 'NO'}; "
