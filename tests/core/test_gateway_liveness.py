@@ -252,17 +252,22 @@ def test_progress_during_the_check_clears_the_suspicion() -> None:
     assert h.commands(CheckEngine) == [CheckEngine(engine_id="e1")] * 2 and h.commands(MarkEngine) == []
 
 
-def test_a_stream_silent_with_its_engine_is_not_stuck_alone_when_the_pause_is_read_late() -> None:
-    """CI's race, on a fake clock: a trainer pauses e1 just after its last token for `a` and a last engine-level
-    reading for `b` (a non-streamed call) that lands 0.2 s later; the health loop reads the pause only 5 s in,
-    past a's 3 s stall window. e1 went silent with `a`: `a` is not stuck alone, nothing is aborted, and the
-    check asked of the silent engine is what catches the pause."""
-    h = Harness(reference(hang_check_s=2.0))
+def two_on_e1_one_on_e2(h: Harness) -> Harness:
+    """`a` and `b` on e1, `x` on e2, each with a 3 s stall timeout."""
     h.engines(e1=4, e2=4)
     h.arrive("a", stall_timeout_s=3.0)
     h.arrive("x", stall_timeout_s=3.0)
     h.arrive("b", stall_timeout_s=3.0)
     assert (h.engine_of["a"], h.engine_of["b"], h.engine_of["x"]) == ("e1", "e1", "e2")
+    return h
+
+
+def test_a_stream_silent_with_its_engine_is_not_stuck_alone_when_the_pause_is_read_late() -> None:
+    """CI's race, on a fake clock: a trainer pauses e1 just after its last token for `a` and a last engine-level
+    reading for `b` (a non-streamed call) that lands 0.2 s later; the health loop reads the pause only 5 s in,
+    past a's 3 s stall window. e1 went silent with `a`: `a` is not stuck alone, nothing is aborted, and the
+    check asked of the silent engine is what catches the pause."""
+    h = two_on_e1_one_on_e2(Harness(reference(hang_check_s=2.0)))
     h.advance(5.0, {"a": 0.05, "b": 0.05, "x": 0.05})
     h.advance(0.2, {"x": 0.05})
     h.send(ProgressReported(request_id="b", tokens=10, engine_level=True))  # the engine's counter, read late
@@ -278,12 +283,7 @@ def test_a_stream_silent_with_its_engine_is_not_stuck_alone_when_the_pause_is_re
 
 
 def test_a_request_stuck_while_its_engine_keeps_progressing_is_still_caught() -> None:
-    h = Harness()
-    h.engines(e1=4, e2=4)
-    h.arrive("a", stall_timeout_s=3.0)
-    h.arrive("x", stall_timeout_s=3.0)
-    h.arrive("b", stall_timeout_s=3.0)
-    assert (h.engine_of["a"], h.engine_of["b"], h.engine_of["x"]) == ("e1", "e1", "e2")
+    h = two_on_e1_one_on_e2(Harness())
     h.advance(1.0, {"a": 0.05, "b": 0.05, "x": 0.05})
     last_a = h.now
     out = h.advance(4.0, {"b": 0.05, "x": 0.05})  # a alone gets nothing while b progresses on e1

@@ -165,28 +165,38 @@ def test_a_request_moved_off_the_frozen_engine_and_still_running_at_the_end_is_n
     }
 
 
+def generation(rid: str, finished_at: float, finish: str = "length") -> dict[str, object]:
+    """A simulated engine's generation record, as sim/ledger.py writes it (the fields the measure reads)."""
+    return {"engine": 0, "rid": rid, "started_at": 10.0, "finished_at": finished_at, "finish": finish}
+
+
+def ended(request_id: str, at: float, *, ok: bool, status: int = 200, client_gone: bool = False) -> tuple:
+    """A gateway request's end and the client attempt it answered, ending then (plus `client_gone`)."""
+    end = {"request_id": request_id, "at": at, "ok": ok}
+    attempt = {"request_id": request_id, "ended_at": at, "status": status, "client_gone": client_gone}
+    return end, attempt
+
+
+def run_of(requests: list[tuple], generations: list[dict[str, object]]) -> dict[str, object]:
+    """A run ending at 100 s with these requests (`ended`) and generations, nothing paused or frozen."""
+    return {
+        "ended_at": 100.0,
+        "ends": [end for end, _ in requests],
+        "attempts": [attempt for _, attempt in requests],
+        "events": [],
+        "holds": [],
+        "generations": generations,
+    }
+
+
 def test_an_answer_on_its_way_when_the_run_ends_is_in_progress_not_wasted() -> None:
     """A generation the engine finished 2 s before the end, whose answer its client was still reading when the
     run stopped (the make demo run of 2026-12-01 19:31 counted its 528 engine-seconds as wasted)."""
     from rolloutgate.bench.replay.measure import view_generations
 
-    def generation(rid: str, finished_at: float) -> dict[str, object]:
-        return {"engine": 0, "rid": rid, "started_at": 10.0, "finished_at": finished_at, "finish": "length"}
-
-    records = {
-        "ended_at": 100.0,
-        "ends": [
-            {"request_id": "late", "at": 100.1, "ok": True},
-            {"request_id": "gone", "at": 50.0, "ok": True},
-        ],
-        "attempts": [
-            {"request_id": "late", "ended_at": 100.2, "status": 200, "client_gone": False},
-            {"request_id": "gone", "ended_at": 40.0, "status": 200, "client_gone": True},
-        ],
-        "events": [],
-        "holds": [],
-        "generations": [generation("late-01", 98.0), generation("gone-01", 50.0)],
-    }
+    late, gone = ended("late", 100.1, ok=True), ended("gone", 50.0, ok=True, client_gone=True)
+    late[1]["ended_at"], gone[1]["ended_at"] = 100.2, 40.0  # still reading at the end; left before its end
+    records = run_of([late, gone], [generation("late-01", 98.0), generation("gone-01", 50.0)])
     views, _ = view_generations(records)
     assert {v.request_id: v.outcome for v in views} == {"late": "in_progress", "gone": "wasted"}
 
@@ -196,27 +206,14 @@ def test_a_partial_sample_is_delivered_and_an_earlier_aborted_attempt_is_wasted(
     client received (a partial sample); an attempt aborted before it (re-queued) was still work for nobody."""
     from rolloutgate.bench.replay.measure import view_generations
 
-    def generation(rid: str, finish: str) -> dict[str, object]:
-        return {"engine": 0, "rid": rid, "started_at": 10.0, "finished_at": 40.0, "finish": finish}
-
-    records = {
-        "ended_at": 100.0,
-        "ends": [
-            {"request_id": "stale", "at": 41.0, "ok": True},
-            {"request_id": "cut", "at": 41.0, "ok": False},
+    records = run_of(
+        [ended("stale", 41.0, ok=True), ended("cut", 41.0, ok=False, status=504)],
+        [
+            generation("stale-01", 40.0, "abort"),
+            generation("stale-02", 40.0, "abort"),
+            generation("cut-01", 40.0, "abort"),
         ],
-        "attempts": [
-            {"request_id": "stale", "ended_at": 41.0, "status": 200, "client_gone": False},
-            {"request_id": "cut", "ended_at": 41.0, "status": 504, "client_gone": False},
-        ],
-        "events": [],
-        "holds": [],
-        "generations": [
-            generation("stale-01", "abort"),
-            generation("stale-02", "abort"),
-            generation("cut-01", "abort"),
-        ],
-    }
+    )
     views, _ = view_generations(records)
     assert [(v.request_id, v.attempt, v.outcome) for v in views] == [
         ("stale", 1, "wasted"),
