@@ -15,8 +15,8 @@ with tokens reports progress for it. A call credited with more than twice its `m
 margin for its prefill) has had time to finish twice over: it gets no more progress, so the core's
 stuck-alone rule catches it `stall_timeout` of charged time later while the engine keeps progressing for
 others (core/gateway.py `_judge`). A frozen engine shows no tokens: none of its calls gets progress, and the
-engine's liveness catches it `stall_timeout` after the last reading that showed tokens, so at most one poll
-interval later than per-token watching would (core/liveness.py).
+engine's liveness catches it `stall_timeout` (+ its pause check) after the last reading that showed tokens,
+so at most one poll interval later than per-token watching would (core/liveness.py).
 
 Rules:
 1. A call without a token limit is credited without bound: only its timeout and its engine's liveness
