@@ -1,7 +1,7 @@
 """A fleet on a local Ray cluster (`make test-fleet`): 3 replica actors, 7 simulated SGLang engines (`rolloutgate
 sim` in a subprocess; 6 given at start, 1 registered over HTTP). Each engine has exactly one owner; calls and a
 session's turns through replica 0 reach the owner in one hop; registration on another replica reaches the
-controller; a fleet-wide pause over Ray charges no generation on any replica; a replica SIGKILLed comes back under Ray's restart policy on its old URL and takes its share back;
+controller; a fleet-wide pause over Ray charges no generation on any replica; a replica SIGKILLed comes back under Ray's restart policy on its old URL with its session records and takes its share back;
 one killed for good has its engines re-owned by the others within 10 s.
 
 The tests share one fleet and run in order (each leaves it whole, but the last)."""
@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -67,9 +68,16 @@ def engines() -> Iterator[list[str]]:
 
 
 @pytest.fixture(scope="module")
-def fleet(engines: list[str]) -> Iterator[Fleet]:
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fleet-state")
+
+
+@pytest.fixture(scope="module")
+def fleet(engines: list[str], state_dir: Path) -> Iterator[Fleet]:
     ray.init(num_cpus=2, include_dashboard=False, namespace="rolloutgate-test")
-    settings = GatewaySettings(time_scale=TIME_SCALE, stall_timeout=600.0, log_level="warning")
+    settings = GatewaySettings(
+        time_scale=TIME_SCALE, stall_timeout=600.0, log_level="warning", state_dir=str(state_dir)
+    )
     started = start_fleet(
         REPLICAS, [f"sglang+{url}" for url in engines[:ENGINES]], settings, replica_num_cpus=0
     )
@@ -227,8 +235,19 @@ def test_a_fleet_wide_pause_over_ray_during_a_generate_on_each_replica_charges_n
 
 
 def test_a_sigkilled_replica_comes_back_on_its_url_and_takes_its_share(
-    fleet: Fleet, http: httpx.Client
+    fleet: Fleet, http: httpx.Client, state_dir: Path
 ) -> None:
+    """... with its sessions: each replica journals its own under `--state-dir`/<replica id> and reopens it
+    when Ray restarts it, so a session's records and its next turn survive its replica's SIGKILL."""
+    own_url = fleet.view().replicas["replica-2"]
+    created = (http.post(f"{fleet.url}/sessions").json()["session_id"] for _ in range(60))
+    session_id = next(s for s in created if named_replica(s) == "replica-2")  # new sessions are spread
+    chat = f"{own_url}/sessions/{session_id}/v1/chat/completions"
+    first = [{"role": "user", "content": "before the kill"}]
+    answer = http.post(chat, json={"model": "sim-model", "messages": first, "max_tokens": 4})
+    assert answer.status_code == 200, answer.text
+    reply = answer.json()["choices"][0]["message"]["content"]
+    assert (state_dir / "replica-2").is_dir() and (state_dir / "replica-0").is_dir()
     before = fleet.describe()["replica-2"]
     killed = fleet.view().incarnations["replica-2"]
     os.kill(before["pid"], signal.SIGKILL)
@@ -245,6 +264,12 @@ def test_a_sigkilled_replica_comes_back_on_its_url_and_takes_its_share(
     assert after["pid"] != before["pid"] and after["url"] == before["url"]
     assert sorted(len(urls) for urls in pools(fleet).values()) == [2, 2, 3]
     assert generate(http, fleet.url, "after-restart").status_code == 200
+    records = http.get(f"{fleet.url}/sessions/{session_id}").json()["records"]
+    assert len(records) == 1  # through the one URL: its owner, restarted, has it
+    second = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "after it"}]
+    answer = http.post(chat, json={"model": "sim-model", "messages": second, "max_tokens": 4})
+    assert answer.status_code == 200, answer.text
+    assert len(http.get(f"{own_url}/sessions/{session_id}").json()["records"]) == 2
 
 
 def test_a_replica_killed_for_good_has_its_engines_re_owned_by_the_others(

@@ -25,6 +25,7 @@ import logging
 import socket
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -118,7 +119,10 @@ class FleetReplica:
         # a request may come as soon as the port is open: until the controller's view, an empty one (all here)
         self._view = FleetView(epoch="", version=-1, replicas={}, engines={}, owners={})
         port = self.settings.port or await self._previous_port()
-        server = GatewayServer(self.settings.model_copy(update={"port": port}), configure_app=self._configure)
+        update: dict[str, Any] = {"port": port}
+        if self.settings.state_dir:  # a store is one gateway's (it locks its folder): one folder a replica
+            update["state_dir"] = str(Path(self.settings.state_dir) / self.replica_id)
+        server = GatewayServer(self.settings.model_copy(update=update), configure_app=self._configure)
         self.server = server
         self._url = await server.start()
         if self.advertise_host:
