@@ -31,7 +31,6 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from multidict import CIMultiDict
 
 from rolloutgate import token_budget
 from rolloutgate.errors import BadRequest, GatewayError
@@ -197,10 +196,8 @@ def _json(value: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(value), headers=_JSON)
 
 
-def _forward_headers(request: web.Request) -> CIMultiDict[str]:
-    """The client's headers to pass on, looked up without case as HTTP's names are (the group header, the
-    budget and timeout headers: a client may send them in any case)."""
-    return CIMultiDict(forwardable(request.headers, to_engine=True))
+def _forward_headers(request: web.Request) -> dict[str, str]:
+    return forwardable(request.headers, to_engine=True)  # the service looks them up without case
 
 
 async def _chat(

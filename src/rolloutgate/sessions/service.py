@@ -214,7 +214,7 @@ class SessionService:
         """Run one chat turn of a session. Raises GatewayError subclasses (session and gateway errors; a turn
         whose prompt fills its token budget: 400 context_length_exceeded, from the dispatcher)."""
         request = tito.read_chat_request(body)
-        headers = CIMultiDict(headers or {})  # names without case, as HTTP's
+        headers = CIMultiDict(headers or {})  # names without case, as HTTP's, whoever hands them over
         header_budget = token_budget.header_budget(headers)
         keys = [message_key(m) for m in request.messages]
         tkey = tools_key(request.tools, request.template_kwargs)
@@ -292,7 +292,7 @@ class SessionService:
         request_id: str,
         request: tito.ChatRequest,
         prompt_ids: list[int] | None,
-        headers: Mapping[str, str] | None,
+        headers: Mapping[str, str],
         max_seq_len: int | None,
     ) -> SessionCall:
         if self.renderer is not None and prompt_ids is not None and self.settings.engine_route == "chat":
@@ -315,7 +315,7 @@ class SessionService:
             method="POST",
             path=path,
             body=body,
-            headers=CIMultiDict(headers or {}),
+            headers=headers,
             max_seq_len=max_seq_len,
             prompt_tokens=None if prompt_ids is None else len(prompt_ids),
         )
