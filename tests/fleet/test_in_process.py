@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,10 +18,11 @@ import pytest
 from rolloutgate.config import GatewaySettings
 from rolloutgate.fleet.assignment import EngineEntry, FleetView, named_replica
 from rolloutgate.fleet.controller import FleetController
-from rolloutgate.fleet.links import JoinResult, ReplicaLink, ReplicaUnreachable
+from rolloutgate.fleet.links import JoinResult, ReplicaLink, ReplicaUnreachable, SessionChange
 from rolloutgate.fleet.operations import ReplicaResult
 from rolloutgate.fleet.replica import FleetReplica
 from rolloutgate.fleet.routing import REPLICA_HEADER, VIA_HEADER
+from rolloutgate.sessions.registry import SessionCopy
 from rolloutgate.sim import SimCluster
 
 REPLICAS = 3
@@ -36,24 +37,32 @@ class KillableLink:
     dead: bool = False
     too_slow: bool = False  # its operations time out while its pings still answer (a replica busy for long)
 
-    async def ping(self, timeout_s: float) -> str:
+    def _alive(self) -> FleetReplica:
         if self.dead or self.replica is None:
             raise ReplicaUnreachable("ActorDiedError", final=True)
-        return await self.replica.ping(timeout_s)
+        return self.replica
+
+    async def ping(self, timeout_s: float) -> str:
+        return await self._alive().ping(timeout_s)
 
     async def joined(self, url: str, version: int, timeout_s: float) -> JoinResult:
-        if self.dead or self.replica is None:
-            raise ReplicaUnreachable("ActorDiedError", final=True)
-        return await self.replica.joined(url, version, timeout_s)
+        return await self._alive().joined(url, version, timeout_s)
 
     async def operate(
         self, name: str, body: dict[str, Any], query: dict[str, str], timeout_s: float
     ) -> ReplicaResult:
-        if self.dead or self.replica is None:
-            raise ReplicaUnreachable("ActorDiedError", final=True)
+        replica = self._alive()
         if self.too_slow:
             raise ReplicaUnreachable(f"{name}: no answer in {timeout_s:g} s")
-        return await self.replica.operate(name, body, query)
+        return await replica.operate(name, body, query)
+
+    async def replicate(self, changes: Sequence[SessionChange], timeout_s: float) -> list[str]:
+        return await self._alive().replicate(changes, timeout_s)
+
+    async def copies_for(
+        self, replica_id: str, replicas: Sequence[str], timeout_s: float
+    ) -> list[SessionCopy]:
+        return await self._alive().copies_for(replica_id, replicas, timeout_s)
 
 
 @dataclass(eq=False)
@@ -72,6 +81,11 @@ class LocalFleet:
         if replica._follower is not None:
             replica._follower.cancel()
         assert replica.server is not None and replica.server.runner is not None
+        server = replica.server.runner.server
+        assert server is not None
+        for connection in server.connections:  # cut as a dying process's are, not closed gracefully
+            if connection.transport is not None:
+                connection.transport.abort()
         await replica.server.runner.cleanup()
 
     async def owners_by_replica(self, indices: list[int]) -> dict[str, list[str]]:
@@ -246,9 +260,9 @@ async def test_a_dead_replicas_engines_are_re_owned_and_its_keys_served_elsewher
     key = next(k for k in (f"d{i}" for i in range(100)) if view.key_owner(k) == "replica-2")
     await fleet.kill(2)
     body, headers = generate(key)
-    refused = await fleet.http.post(f"{fleet.replicas[0].url}/generate", json=body, headers=headers)
-    if refused.status_code != 200:  # the hop failed before the controller noticed: 503, retry
-        assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+    # before the controller noticed: the hop to replica 2 fails and the next replica in the key's order answers
+    at_once = await fleet.http.post(f"{fleet.replicas[0].url}/generate", json=body, headers=headers)
+    assert at_once.status_code == 200 and at_once.headers[REPLICA_HEADER] in ("replica-0", "replica-1")
     seconds = await wait_until(
         lambda: all_joined(fleet) and "replica-2" not in fleet.controller.latest.replicas
     )
@@ -431,3 +445,120 @@ async def test_abort_flush_both_metrics_and_state_reach_every_replica(fleet: Loc
         own = part["answer"]
         assert own["fleet"]["replica_id"] == replica_id and own["fleet"]["replicas"] == dict(view.replicas)
         assert sorted(e["url"] for e in own["engines"]) == sorted(view.engines_of(replica_id))
+
+
+# -- session records on two replicas (fleet/replication.py) ---------------------------------------------------
+
+
+async def session_away_from(fleet: LocalFleet, replica_id: str) -> str:
+    """A new session, created through replica 0, whose owner is not `replica_id`."""
+    for _ in range(50):
+        session_id = (await fleet.http.post(f"{fleet.replicas[0].url}/sessions")).json()["session_id"]
+        if named_replica(session_id) != replica_id:
+            return session_id
+    raise AssertionError("every session landed on one replica")
+
+
+def replica_index(replica_id: str) -> int:
+    return int(replica_id.rsplit("-", 1)[1])
+
+
+def held_records(fleet: LocalFleet, index: int, session_id: str) -> list[list[int]]:
+    """The output ids of each turn replica `index` holds of the session (its own registry, no hop)."""
+    server = fleet.replicas[index].server
+    assert server is not None
+    copy = server.context.extras["sessions"].registry.copy_of(session_id)
+    return [] if copy is None else [list(r.output_ids) for r in copy.records]
+
+
+class Agent:
+    """One session's agent through the one URL (replica 0), with no client retries: a failure shows."""
+
+    def __init__(self, fleet: LocalFleet, session_id: str) -> None:
+        base = f"{fleet.replicas[0].url}/sessions/{session_id}/v1"
+        self.client = openai.AsyncOpenAI(base_url=base, api_key="-", max_retries=0, timeout=60)
+        self.messages: list[dict[str, str]] = [{"role": "user", "content": "hello"}]
+
+    async def turn(self, max_tokens: int = 4) -> tuple[str, int]:
+        """The replica that answered and the completion's tokens."""
+        raw = await self.client.chat.completions.with_raw_response.create(
+            model="sim-model",
+            messages=self.messages,  # type: ignore[arg-type]
+            max_tokens=max_tokens,
+            extra_body={"ignore_eos": True},
+        )
+        reply = raw.parse()
+        self.messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content or ""},
+            {"role": "user", "content": f"turn {len(self.messages)}"},
+        ]
+        assert reply.usage is not None
+        return raw.headers[REPLICA_HEADER], reply.usage.completion_tokens
+
+
+async def test_a_dead_owners_session_goes_on_at_its_backup_with_every_record(fleet: LocalFleet) -> None:
+    session_id = await session_away_from(fleet, "replica-0")
+    owner = named_replica(session_id)
+    assert owner is not None
+    order = fleet.controller.latest.preference(session_id)
+    assert order[0] == owner
+    backup, third = order[1], order[2]
+    agent = Agent(fleet, session_id)
+    for _ in range(2):
+        assert (await agent.turn())[0] == owner
+    kept = held_records(fleet, replica_index(owner), session_id)
+    assert held_records(fleet, replica_index(backup), session_id) == kept  # the backup had each turn first
+    assert held_records(fleet, replica_index(third), session_id) == []
+
+    await fleet.kill(replica_index(owner))
+    # at once, before the controller noticed: replica 0's hop to the owner fails, the backup answers
+    assert (await agent.turn())[0] == backup
+    await wait_until(lambda: owner not in fleet.controller.latest.replicas and all_joined(fleet))
+    assert (await agent.turn())[0] == backup
+    described = (await fleet.http.get(f"{fleet.replicas[0].url}/sessions/{session_id}")).json()
+    assert [r["output_token_ids"] for r in described["records"][:2]] == kept  # nothing lost, nothing changed
+    assert len(described["records"]) == 4
+    # the new backup (the next in the session's order) got the whole session when the view changed
+    await wait_until(lambda: len(held_records(fleet, replica_index(third), session_id)) == 4)
+    await agent.client.close()
+
+
+async def test_a_turn_running_when_its_owner_dies_is_answered_by_the_backup(fleet: LocalFleet) -> None:
+    session_id = await session_away_from(fleet, "replica-0")
+    owner = named_replica(session_id)
+    assert owner is not None
+    backup = fleet.controller.latest.preference(session_id)[1]
+    agent = Agent(fleet, session_id)
+    await agent.turn()
+    owner_sessions = fleet.replicas[replica_index(owner)].server.context.extras["sessions"]  # type: ignore[union-attr]
+    long_turn = asyncio.create_task(agent.turn(max_tokens=20_000))
+    await wait_until(lambda: not owner_sessions.registry.get(session_id, 0.0).is_idle)
+    await asyncio.sleep(0.5)  # keep-alive spaces reach the client (15 simulated s at x100)
+    assert not long_turn.done()
+    await fleet.kill(replica_index(owner))
+    _, tokens = await long_turn  # the answer under way was finished by the backup: whole, no client retry
+    assert tokens == 20_000
+    assert len(held_records(fleet, replica_index(backup), session_id)) == 2
+    await agent.client.close()
+
+
+async def test_a_returning_owner_takes_back_the_turns_its_backup_served(fleet: LocalFleet) -> None:
+    session_id = await session_away_from(fleet, "replica-0")
+    owner = named_replica(session_id)
+    assert owner is not None
+    index = replica_index(owner)
+    agent = Agent(fleet, session_id)
+    await agent.turn()
+    await fleet.kill(index)
+    assert (await agent.turn())[0] != owner  # served at the backup while the owner is away
+    await wait_until(lambda: owner not in fleet.controller.latest.replicas)
+    link = KillableLink()
+    reborn = FleetReplica(owner, fleet.replicas[index].settings, fleet.controller, handle=link)
+    link.replica = reborn
+    await reborn.start()  # no --state-dir: it comes back empty and pulls its sessions from its peers
+    fleet.replicas[index], fleet.links[index] = reborn, link
+    await wait_until(lambda: all_joined(fleet))
+    assert (await agent.turn())[0] == owner
+    assert len(held_records(fleet, index, session_id)) == 3
+    assert reborn.replication is not None and reborn.replication.counts["pulled"] >= 1
+    await agent.client.close()

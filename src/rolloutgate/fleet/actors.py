@@ -22,10 +22,11 @@ from rolloutgate.config import GatewaySettings
 from rolloutgate.fleet.assignment import EngineEntry, FleetView
 from rolloutgate.fleet.controller import FleetController
 from rolloutgate.fleet.handles import ControllerClient, ReplicaClient, current_actor, node_ip_address
-from rolloutgate.fleet.links import EngineChange, JoinResult, ReplicaInfo
+from rolloutgate.fleet.links import EngineChange, JoinResult, ReplicaInfo, SessionChange
 from rolloutgate.fleet.operations import ReplicaResult
 from rolloutgate.fleet.replica import FleetReplica
 from rolloutgate.server.answer import Answer
+from rolloutgate.sessions.registry import SessionCopy
 
 __all__ = ("ControllerActor", "ReplicaActor", "run_at_normal_priority")
 
@@ -120,6 +121,7 @@ class _Replica:
             # by name, not a handle passed in: the arguments of an actor Ray restarts must outlive its start
             ControllerClient(ray.get_actor(controller_name)),
             handle=current_actor(),
+            peer_link=ReplicaClient,
             advertise_host=node_ip_address() if advertise_host == "node" else advertise_host,
         )
         self._started = asyncio.get_running_loop().create_task(self._replica.start())
@@ -138,6 +140,14 @@ class _Replica:
     async def operate(self, name: str, body: dict[str, Any], query: dict[str, str]) -> ReplicaResult:
         await self._started
         return await self._replica.operate(name, body, query)
+
+    async def replicate(self, changes: Sequence[SessionChange]) -> list[str]:
+        await self._started
+        return await self._replica.replicate(changes, 0.0)
+
+    async def copies_for(self, replica_id: str, replicas: Sequence[str]) -> list[SessionCopy]:
+        await self._started
+        return await self._replica.copies_for(replica_id, replicas, 0.0)
 
     async def describe(self) -> dict[str, Any]:
         await self._started

@@ -45,6 +45,7 @@ __all__ = (
     "engine_fleet_id",
     "mint_session_id",
     "named_replica",
+    "rendezvous_order",
     "rendezvous_owner",
 )
 
@@ -213,6 +214,12 @@ def rendezvous_owner(key: str, replicas: Iterable[str]) -> str | None:
     return best
 
 
+def rendezvous_order(key: str, replicas: Iterable[str]) -> list[str]:
+    """Every replica by its weight for `key`, highest first (`rendezvous_owner` is the first)."""
+    hashed = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
+    return sorted(replicas, key=lambda r: (_mix(hashed ^ _salt(r)), r), reverse=True)
+
+
 def mint_session_id(replica_id: str, token: str) -> str:
     """A session id that names the replica holding its records; `token` is the unique part (random hex)."""
     return f"{replica_id}{SESSION_ID_SEPARATOR}{token}"
@@ -246,6 +253,8 @@ class FleetView:
     engines: Mapping[str, EngineEntry]
     owners: Mapping[str, str | None]
     incarnations: Mapping[str, str] = field(default_factory=dict)  # replica id -> its process's token
+    # replica id -> what its peers reach it by (its Ray actor handle; in one process the replica itself)
+    handles: Mapping[str, object] = field(default_factory=dict, compare=False, repr=False)
     key_candidates: tuple[str, ...] = field(init=False)
     # key -> owner, as this view answered: a session's or a rollout's key comes back every turn
     _owner_of_key: dict[str, str | None] = field(init=False, repr=False, compare=False)
@@ -266,6 +275,7 @@ class FleetView:
         urls: Mapping[str, str],
         engines: Mapping[str, EngineEntry],
         incarnations: Mapping[str, str],
+        handles: Mapping[str, object] | None = None,
     ) -> FleetView:
         live = assignment.replicas
         return cls(
@@ -275,6 +285,7 @@ class FleetView:
             engines={url: engines[url] for url in assignment.engines},
             owners={url: assignment.owner(url) for url in assignment.engines},
             incarnations={r: incarnations[r] for r in live if r in incarnations},
+            handles={r: handle for r, handle in (handles or {}).items() if r in live},
         )
 
     def engines_of(self, replica_id: str) -> list[str]:
@@ -292,6 +303,26 @@ class FleetView:
             known.clear()  # bounded; the hot keys come back at once
         known[key] = owner
         return owner
+
+    def without(self, replica_id: str) -> FleetView:
+        """This view as it will be once `replica_id` is taken out (its engines without an owner)."""
+        return FleetView(
+            epoch=self.epoch,
+            version=self.version,
+            replicas={r: u for r, u in self.replicas.items() if r != replica_id},
+            engines=self.engines,
+            owners={e: (None if o == replica_id else o) for e, o in self.owners.items()},
+            incarnations={r: i for r, i in self.incarnations.items() if r != replica_id},
+            handles={r: h for r, h in self.handles.items() if r != replica_id},
+        )
+
+    def preference(self, key: str) -> list[str]:
+        """The live replicas in the order `key_owner` would pick them as each one before goes: the replica a
+        minted session id names, then the key's rendezvous order. A session's first two are its owner and
+        its backup (fleet/replication.py)."""
+        named = named_replica(key)
+        first = [named] if named is not None and named in self.replicas else []
+        return first + [r for r in rendezvous_order(key, self.key_candidates) if r not in first]
 
     def url_of(self, replica_id: str) -> str | None:
         return self.replicas.get(replica_id)

@@ -65,6 +65,7 @@ class FleetController:
         self._previous_urls: dict[str, str] = {}  # every replica ever registered -> its last URL
         self._incarnations: dict[str, str] = {}
         self._links: dict[str, ReplicaLink] = {}
+        self._handles: dict[str, object] = {}  # what each replica registered with, for its peers
         self._failures: dict[str, int] = {}
         self._version = 0
         self._changed = asyncio.Event()
@@ -101,6 +102,7 @@ class FleetController:
         self._urls[replica_id] = self._previous_urls[replica_id] = info.url
         self._incarnations[replica_id] = info.incarnation
         self._links[replica_id] = self._link_factory(handle)
+        self._handles[replica_id] = handle
         self._failures[replica_id] = 0
         for entry in engines:  # a new epoch: engines registered before the controller restarted
             if entry.url not in self._entries:
@@ -233,6 +235,7 @@ class FleetController:
             urls=self._urls,
             engines=self._entries,
             incarnations=self._incarnations,
+            handles=self._handles,
         )
 
     def _changed_view(self) -> FleetView:
@@ -256,6 +259,7 @@ class FleetController:
         del self._urls[replica_id]
         self._incarnations.pop(replica_id, None)
         self._links.pop(replica_id, None)
+        self._handles.pop(replica_id, None)
         self._failures.pop(replica_id, None)
         self._log_moves(self._assignment.remove_replica(replica_id))
 

@@ -15,6 +15,7 @@ hop.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -36,10 +37,12 @@ from rolloutgate.fleet.routing import (
     FORWARDED_HEADER,
     REPLICA_HEADER,
     REPLICA_URL_HEADER,
+    Decision,
     FleetWide,
     Forward,
     Here,
     decide,
+    session_of_path,
 )
 from rolloutgate.server.auth import check_admin, check_worker_admin
 from rolloutgate.server.context import CONTEXT
@@ -76,6 +79,10 @@ class FleetMember(Protocol):
         """A hop to `replica_id` failed: have the controller check it now."""
         ...
 
+    async def sessions_ready(self) -> None:
+        """Returns once the replica may serve sessions (it holds their latest records)."""
+        ...
+
 
 def install(app: web.Application, member: FleetMember) -> None:
     """Route every request of `app` through the fleet (module docstring). Call before the app starts."""
@@ -104,38 +111,66 @@ def install(app: web.Application, member: FleetMember) -> None:
 
     fleet_wide_calls = {name: guarded(functools.partial(fleet_wide, name=name)) for name in OPERATIONS}
 
-    @web.middleware
-    async def fleet_edge(request: web.Request, handler: Handler) -> web.StreamResponse:
-        decision = decide(
+    def where(request: web.Request, view: FleetView) -> Decision:
+        return decide(
             request.method,
             request.path,
             routing_key=routing_key_of(request),
             forwarded_by=request.headers.get(FORWARDED_HEADER),
-            view=member.view,
+            view=view,
             self_id=member.replica_id,
             nonce=f"{member.replica_id}:{next(nonces)}",
             scope=request.query.get("scope"),
         )
-        if isinstance(decision, Here):
-            return await handler(request)
-        if isinstance(decision, FleetWide):
-            return await fleet_wide_calls[decision.name](request)
-        if not isinstance(decision, Forward):
-            return await registration(request)
+
+    async def here(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if session_of_path(request.path) is not None:
+            await member.sessions_ready()  # a replica that just joined first takes its sessions' records
+        return await handler(request)
+
+    async def hop(request: web.Request, handler: Handler, decision: Forward) -> web.StreamResponse:
+        """Forward; if the owner did not answer and the body was kept, once more to the next replica in the
+        key's order (here, or over loopback if the client's answer is already under way)."""
         assert hops.session is not None, "the hop pool opens with the app"
         try:
             return await forward(request, decision.url, self_id=member.replica_id, session=hops.session)
         except HopFailed as exc:
             log.warning("replica %s did not take a forwarded %s: %s", decision.replica_id, request.path, exc)
             member.suspect(decision.replica_id)
-            return error_response(
-                request,
-                Unavailable(
-                    f"replica {decision.replica_id}, which owns this request, did not answer; retry it",
-                    retry_after_s=1,
-                    code="replica_unavailable",
-                ),
-            )
+            failed = exc
+        retry = where(request, member.view.without(decision.replica_id)) if failed.replayable else None
+        if isinstance(retry, Here) and failed.resume is None:
+            return await here(request, handler)
+        if isinstance(retry, Here | Forward):
+            url = retry.url if isinstance(retry, Forward) else member.url
+            with contextlib.suppress(HopFailed):
+                log.info("replica %s: %s sent on to %s instead", member.replica_id, request.path, url)
+                return await forward(
+                    request, url, self_id=member.replica_id, session=hops.session, resume=failed.resume
+                )
+        if failed.resume is not None:  # the client's answer is under way: cut it, as the owner's would be
+            if request.transport is not None:
+                request.transport.abort()
+            return failed.resume
+        return error_response(
+            request,
+            Unavailable(
+                f"replica {decision.replica_id}, which owns this request, did not answer; retry it",
+                retry_after_s=1,
+                code="replica_unavailable",
+            ),
+        )
+
+    @web.middleware
+    async def fleet_edge(request: web.Request, handler: Handler) -> web.StreamResponse:
+        decision = where(request, member.view)
+        if isinstance(decision, Here):
+            return await here(request, handler)
+        if isinstance(decision, FleetWide):
+            return await fleet_wide_calls[decision.name](request)
+        if isinstance(decision, Forward):
+            return await hop(request, handler, decision)
+        return await registration(request)
 
     async def stamp(_request: web.Request, response: web.StreamResponse) -> None:
         response.headers.setdefault(REPLICA_HEADER, member.replica_id)

@@ -8,11 +8,15 @@ bytes, SSE events and errors after keep-alive reach the client unchanged and on 
 serves it, never forwarding again) and `X-Forwarded-For`; the answer keeps the owner's
 `X-Rolloutgate-Replica` and gains `X-Rolloutgate-Via`.
 
-Failures: an owner that cannot be reached, or that closes before it answers, is `HopFailed` (fleet/edge.py
-answers 503 + Retry-After and tells the controller to check that replica); nothing was answered, so the
-client's retry is safe. An owner that breaks off mid-answer: the client's connection is cut, as the owner's
-own would have been. A client that leaves: its handler is cancelled here, which closes the connection to the
-owner, which then sees the client leave (its retry grace, then the abort on the engine).
+Failures: an owner that cannot be reached, that closes before it answers, or that breaks off having sent
+only keep-alive spaces (a non-streamed answer still waiting for its engine: JSON allows leading whitespace)
+is `HopFailed`: nothing of the answer reached the client. If the request's body was kept whole, the edge
+(fleet/edge.py) sends it on to the next replica in the key's order at once (`resume`: the client's answer
+already under way, to which that replica's answer is appended); else it answers 503 + Retry-After. Either way
+it tells the controller to check that replica. An owner that breaks off after answer bytes: the client's
+connection is cut, as the owner's own would have been. A client that leaves: its handler is cancelled here,
+which closes the connection to the owner, which then sees the client leave (its retry grace, then the abort
+on the engine).
 """
 
 from __future__ import annotations
@@ -47,7 +51,14 @@ CONNECT_TIMEOUT_S = 5.0  # to another replica, usually on the same network: long
 
 
 class HopFailed(Exception):
-    """The owner could not be reached, or closed before answering: nothing reached the client."""
+    """The owner could not be reached, or broke off before any answer byte but keep-alive spaces reached the
+    client. `replayable`: the body was kept, so another replica can take the request; `resume`: the client's
+    answer, if already prepared (keep-alive spaces sent), to continue with another replica's answer."""
+
+    def __init__(self, message: str, *, replayable: bool, resume: web.StreamResponse | None = None) -> None:
+        super().__init__(message)
+        self.replayable = replayable
+        self.resume = resume
 
 
 def hop_session() -> aiohttp.ClientSession:
@@ -65,9 +76,15 @@ def _end_to_end(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
 
 
 async def forward(
-    request: web.Request, base_url: str, *, self_id: str, session: aiohttp.ClientSession
+    request: web.Request,
+    base_url: str,
+    *,
+    self_id: str,
+    session: aiohttp.ClientSession,
+    resume: web.StreamResponse | None = None,
 ) -> web.StreamResponse:
-    """Serve `request` by the replica at `base_url` (module docstring). Raises HopFailed."""
+    """Serve `request` by the replica at `base_url` (module docstring); with `resume`, append its answer's
+    bytes to that prepared answer. Raises HopFailed."""
     headers = _end_to_end(request.headers)
     headers[FORWARDED_HEADER] = self_id
     peer = request.remote or ""
@@ -78,6 +95,7 @@ async def forward(
         length = request.content_length
         # a small body whole (one write to the owner), a large or unsized one streamed as it arrives
         body = await request.read() if length is not None and length <= WHOLE_BYTES else request.content
+    replayable = not isinstance(body, aiohttp.StreamReader)
     try:
         upstream = await session.request(
             request.method,
@@ -87,23 +105,33 @@ async def forward(
             allow_redirects=False,
         )
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        raise HopFailed(f"{type(exc).__name__}: {exc}") from exc
+        raise HopFailed(f"{type(exc).__name__}: {exc}", replayable=replayable, resume=resume) from exc
     answered = False
     try:
         headers = _end_to_end(upstream.headers)
         headers[VIA_HEADER] = self_id
         length = upstream.content_length
-        if length is not None and length <= WHOLE_BYTES:  # a whole answer, ready: passed on whole
+        if resume is None and length is not None and length <= WHOLE_BYTES:  # whole and ready: passed whole
             whole = web.Response(status=upstream.status, reason=upstream.reason, headers=headers)
             whole.body = await upstream.read()
             answered = True
             return whole
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
-        await response.prepare(request)
+        response = resume
+        if response is None:
+            response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+            await response.prepare(request)
+        blank = True  # only keep-alive spaces so far: another replica may still answer in their place
         try:
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
-        except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError):
+                blank = blank and not chunk.strip(b" \t\r\n")
+        except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError) as exc:
+            if blank:
+                raise HopFailed(
+                    f"broke off before answering ({type(exc).__name__})",
+                    replayable=replayable,
+                    resume=response,
+                ) from exc
             # the owner broke off mid-answer: cut the client too, so it sees the failure as such
             if request.transport is not None:
                 request.transport.abort()

@@ -23,9 +23,11 @@ from rolloutgate.fleet.links import (
     JoinResult,
     ReplicaInfo,
     ReplicaUnreachable,
+    SessionChange,
 )
 from rolloutgate.fleet.operations import ReplicaResult, operation_named
 from rolloutgate.server.answer import Answer
+from rolloutgate.sessions.registry import SessionCopy
 
 __all__ = ("ControllerClient", "ReplicaClient", "current_actor", "node_ip_address")
 
@@ -89,6 +91,27 @@ class ReplicaClient:
             timed_out=f"{name}: no answer in {timeout_s:g} s",
         )
         return result
+
+    async def replicate(self, changes: Sequence[SessionChange], timeout_s: float) -> list[str]:
+        wanted: list[str] = await self._call(
+            "replicate",
+            list(changes),
+            timeout_s=timeout_s,
+            timed_out=f"replicate: no answer in {timeout_s:g} s",
+        )
+        return wanted
+
+    async def copies_for(
+        self, replica_id: str, replicas: Sequence[str], timeout_s: float
+    ) -> list[SessionCopy]:
+        copies: list[SessionCopy] = await self._call(
+            "copies_for",
+            replica_id,
+            list(replicas),
+            timeout_s=timeout_s,
+            timed_out=f"copies_for: no answer in {timeout_s:g} s",
+        )
+        return copies
 
 
 class ControllerClient:

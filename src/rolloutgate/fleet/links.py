@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rolloutgate.fleet.assignment import EngineEntry, FleetView
+from rolloutgate.sessions.record import TurnRecord
+from rolloutgate.sessions.registry import SessionCopy
 
 if TYPE_CHECKING:
     from rolloutgate.fleet.operations import ReplicaResult
@@ -28,6 +30,9 @@ __all__ = (
     "ReplicaInfo",
     "ReplicaLink",
     "ReplicaUnreachable",
+    "SessionChange",
+    "SessionRemoved",
+    "TurnChange",
 )
 
 
@@ -74,8 +79,28 @@ class EngineChange:
     code: str | None = None  # why not: worker_unreachable, worker_not_found, no_replica
 
 
+@dataclass(frozen=True, slots=True)
+class TurnChange:
+    """A turn a session's owner committed; `after`: the request id of its turn before it (None: the first)."""
+
+    session_id: str
+    record: TurnRecord
+    after: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRemoved:
+    """A session its owner deleted or evicted."""
+
+    session_id: str
+
+
+# what a session's owner sends its backup (fleet/replication.py): a turn, a whole session, a removal
+SessionChange = TurnChange | SessionCopy | SessionRemoved
+
+
 class ReplicaLink(Protocol):
-    """The controller's calls to a replica."""
+    """The controller's calls to a replica, and a replica's to its peers (the last two)."""
 
     async def ping(self, timeout_s: float) -> str:
         """The replica's incarnation. Raises ReplicaUnreachable."""
@@ -90,6 +115,17 @@ class ReplicaLink(Protocol):
         self, name: str, body: dict[str, Any], query: dict[str, str], timeout_s: float
     ) -> ReplicaResult:
         """Run fleet-wide operation `name` on the replica's gateway (fleet/operations.py). Raises
+        ReplicaUnreachable."""
+        ...
+
+    async def replicate(self, changes: Sequence[SessionChange], timeout_s: float) -> list[str]:
+        """Apply a peer's session changes; returns the sessions it wants whole. Raises ReplicaUnreachable."""
+        ...
+
+    async def copies_for(
+        self, replica_id: str, replicas: Sequence[str], timeout_s: float
+    ) -> list[SessionCopy]:
+        """The copies this replica holds of `replica_id`'s sessions (fleet/replication.py). Raises
         ReplicaUnreachable."""
         ...
 

@@ -15,6 +15,10 @@ the controller and follows its view with a long poll:
 
 A replica that Ray restarts binds the port it had where it can, so the URLs agents hold (a session's base URL
 names its replica) reach it again.
+
+Its sessions' records are kept on a second replica too (fleet/replication.py): after each change its session
+service waits for the backup's copy; at every view change it sends whole sessions to new backups; after it
+registers it pulls the copies its peers hold of its sessions, and serves no session before that.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import contextlib
 import logging
 import socket
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,11 +39,20 @@ from rolloutgate.config import EngineSpec, GatewaySettings
 from rolloutgate.engines.base import UpstreamError
 from rolloutgate.fleet import edge
 from rolloutgate.fleet.assignment import EngineEntry, FleetView, check_replica_id, mint_session_id
-from rolloutgate.fleet.links import ControllerLink, ControllerUnreachable, JoinResult, ReplicaInfo
+from rolloutgate.fleet.links import (
+    ControllerLink,
+    ControllerUnreachable,
+    JoinResult,
+    ReplicaInfo,
+    ReplicaLink,
+    SessionChange,
+)
 from rolloutgate.fleet.operations import ReplicaResult, run_here
+from rolloutgate.fleet.replication import Replication
 from rolloutgate.server.app import GatewayServer
 from rolloutgate.server.context import CONTEXT
 from rolloutgate.server.pool import EnginePool
+from rolloutgate.sessions.registry import SessionCopy
 from rolloutgate.sessions.service import SessionService
 
 __all__ = ("FleetReplica",)
@@ -60,13 +74,14 @@ class _Joining:
 
 @dataclass(eq=False)
 class FleetReplica:
-    """One replica (module docstring). `handle`: what the controller reaches it by (its Ray actor handle;
-    in one process, the replica itself)."""
+    """One replica (module docstring). `handle`: what the controller and its peers reach it by (its Ray actor
+    handle; in one process, the replica itself); `peer_link`: a peer's link from its handle."""
 
     replica_id: str
     settings: GatewaySettings
     controller: ControllerLink
     handle: object = None
+    peer_link: Callable[[object], ReplicaLink] = lambda handle: handle  # type: ignore[assignment, return-value]
     advertise_host: str | None = None  # the host in its URL, where it binds all addresses (0.0.0.0)
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex)
     server: GatewayServer | None = field(default=None, init=False)
@@ -76,6 +91,7 @@ class FleetReplica:
     _applied: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _follower: asyncio.Task[None] | None = field(default=None, init=False)
     _background: set[asyncio.Task[Any]] = field(default_factory=set, init=False)
+    replication: Replication | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         check_replica_id(self.replica_id)
@@ -110,6 +126,7 @@ class FleetReplica:
             "view_version": view.version,
             "replicas": dict(view.replicas),
             "owners": dict(view.owners),
+            "replication": dict(self.replication.counts) if self.replication is not None else {},
         }
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -128,6 +145,8 @@ class FleetReplica:
         if self.advertise_host:
             self._url = self._url.replace(f"//{self.settings.host}:", f"//{self.advertise_host}:", 1)
         await self._apply(await self._register(restarted_controller=False))
+        assert self.replication is not None
+        self._spawn(self.replication.pull())  # sessions are served once it is done (fleet/edge.py)
         self._follower = asyncio.create_task(self._follow(), name=f"fleet-follow-{self.replica_id}")
         log.info("replica %s serving on %s", self.replica_id, self._url)
         return self._url
@@ -145,12 +164,23 @@ class FleetReplica:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.replication is not None:
+            await self.replication.close()
 
     def _configure(self, app: web.Application) -> None:
         edge.install(app, self)
         app[CONTEXT].state_sections["fleet"] = self._state_section
         sessions: SessionService = app[CONTEXT].extras["sessions"]
         sessions.registry.mint_ids_with(lambda: mint_session_id(self.replica_id, uuid.uuid4().hex))
+        self.replication = Replication(
+            self.replica_id, sessions.registry, sessions.clock.now, lambda: self.view, self.peer_link
+        )
+        sessions.settle = self.replication.settle
+
+    async def sessions_ready(self) -> None:
+        """Returns once this replica holds its sessions' latest records (its pull after joining)."""
+        assert self.replication is not None
+        await self.replication.ready()
 
     async def _previous_port(self) -> int:
         """The port this replica had before Ray restarted it, if it is free; else 0 (any)."""
@@ -200,6 +230,16 @@ class FleetReplica:
         assert self.server is not None
         return await run_here(self.server.app, name, body, query)
 
+    async def replicate(self, changes: Sequence[SessionChange], timeout_s: float) -> list[str]:
+        assert self.replication is not None
+        return self.replication.receive(changes)
+
+    async def copies_for(
+        self, replica_id: str, replicas: Sequence[str], timeout_s: float
+    ) -> list[SessionCopy]:
+        assert self.replication is not None
+        return self.replication.copies_for(replica_id, replicas)
+
     def describe(self) -> dict[str, Any]:
         """The replica at a glance: id, URL, view version, its engines as its pool holds them."""
         pool = self._pool()
@@ -247,7 +287,9 @@ class FleetReplica:
         for url in mine:
             if url not in self._joining:
                 self._join(view.engines[url])
-        self._view = view
+        old, self._view = self._view, view
+        if self.replication is not None and old is not None:
+            self.replication.view_changed(old, view)
         self._applied.set()
 
     def _join(self, entry: EngineEntry) -> None:

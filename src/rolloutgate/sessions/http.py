@@ -162,7 +162,9 @@ async def _create(request: web.Request, service: SessionService) -> web.StreamRe
     if not isinstance(body, dict):
         raise BadRequest("the session request must be a JSON object")
     max_seq_len = token_budget.parse_max_seq_len(body.get("max_seq_len"), param="max_seq_len")
-    return _json({"session_id": service.create(max_seq_len)})
+    session_id = service.create(max_seq_len)
+    await service.settled(session_id)
+    return _json({"session_id": session_id})
 
 
 def _json_body(raw: bytes) -> Any:
@@ -179,7 +181,9 @@ async def _describe(request: web.Request, service: SessionService) -> web.Stream
 
 
 async def _delete(request: web.Request, service: SessionService) -> web.StreamResponse:
-    service.delete(request.match_info["session_id"])
+    session_id = request.match_info["session_id"]
+    service.delete(session_id)
+    await service.settled(session_id)
     return web.Response(status=204)
 
 

@@ -34,6 +34,15 @@ duplicate that changes nothing.
 Durability: an optional `SessionJournal` (sessions/store.py, with `--state-dir`) hears of every created
 session and committed turn BEFORE the change is applied in memory (if it raises, nothing changed), and of
 every removed session after. `restore(...)` rebuilds a session from its journaled records at start-up.
+
+Copies (a fleet's backup replica, fleet/replication.py): `copy_of(id)` is a session's whole state as another
+registry takes it; `take_copy(copy, newer_only=...)` installs one (a copy pulled from a peer only if it holds
+at least as many turns as this registry's own: a backup that served turns while the owner was away has more);
+`take_turn(id, record, after)` applies one committed turn on top of the copy held, if that copy's turn before
+it is the owner's (`after`, its request id; else False, and the owner sends the whole session); `drop_copy(id)`
+forgets one whose owner removed it. Each is journaled like the change it mirrors, so a backup with
+`--state-dir` keeps its copies across its own restart. A session with a turn in flight here takes no copy: it
+is being served here, and its commit settles which state is current.
 """
 
 from __future__ import annotations
@@ -59,7 +68,7 @@ from rolloutgate.sessions.record import TurnRecord
 from rolloutgate.sessions.session import SESSION_OVERHEAD_BYTES, Session, TurnBase, TurnKind, TurnTicket
 from rolloutgate.sessions.stats import RegistryStats
 
-__all__ = ("SessionJournal", "SessionLimits", "SessionRegistry")
+__all__ = ("SessionCopy", "SessionJournal", "SessionLimits", "SessionRegistry")
 
 
 class SessionJournal(Protocol):
@@ -76,6 +85,15 @@ class SessionJournal(Protocol):
     def session_removed(self, session_id: str) -> None:
         """Deleted or evicted. Best effort: must not raise."""
         ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionCopy:
+    """A session's state as another registry takes it: its records in order and its token budget."""
+
+    session_id: str
+    records: tuple[TurnRecord, ...]
+    max_seq_len: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -320,6 +338,75 @@ class SessionRegistry:
         if session is not None and session.in_flight.pop(ticket.ticket_id, None) is not None:
             self._count("abandoned")
             self._touch(session, now)
+
+    # -- copies (module docstring) ---------------------------------------------------------------------------
+
+    def copy_of(self, session_id: str) -> SessionCopy | None:
+        """The live session's state, or None if this registry does not hold it."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            return None
+        return SessionCopy(
+            session_id=session_id, records=tuple(session.records), max_seq_len=session.max_seq_len
+        )
+
+    def holds(self, session_id: str) -> bool:
+        return session_id in self._sessions
+
+    def session_ids(self) -> list[str]:
+        return list(self._sessions)
+
+    def take_copy(self, copy: SessionCopy, now: float, *, newer_only: bool) -> bool:
+        """Install `copy` in place of this registry's own (journaled); False when the own one has a turn in
+        flight, or (`newer_only`) holds more turns than the copy."""
+        own = self._sessions.get(copy.session_id)
+        if own is not None and (not own.is_idle or (newer_only and len(own.records) > len(copy.records))):
+            return False
+        if own is not None:
+            del self._sessions[copy.session_id]
+            self._bytes -= own.approx_bytes
+        if self.journal is not None:
+            self.journal.session_removed(copy.session_id)
+            self.journal.session_created(copy.session_id)
+            for record in copy.records:
+                self.journal.turn_committed(copy.session_id, record)
+        session = self.restore(copy.session_id, copy.records, now)
+        session.max_seq_len = copy.max_seq_len
+        self._tombstones.pop(copy.session_id, None)
+        self._count("copies_taken")
+        return True
+
+    def take_turn(self, session_id: str, record: TurnRecord, after: str | None, now: float) -> bool:
+        """Apply one turn its owner committed on top of the copy held; `after`: the request id of the owner's
+        turn before it (None for a first turn). True if applied or held already; False if this copy cannot
+        take it (absent, busy, or its turns before it are not the owner's): the owner sends the whole session."""
+        session = self._sessions.get(session_id)
+        if session is None or not session.is_idle:
+            return False
+        records, index = session.records, record.index
+        if index < len(records) and records[index].request_id == record.request_id:
+            return True  # held already (a repeated send)
+        if len(records) < index or (index and records[index - 1].request_id != after):
+            return False
+        if self.journal is not None:
+            self.journal.turn_committed(session_id, record)
+        keep_branch = self.limits.keep_branches
+        dropped = session._apply(record, index, keep_branch=keep_branch)
+        delta = _record_cost(record) - (0 if keep_branch else sum(_record_cost(r) for r in dropped))
+        session.approx_bytes += delta
+        self._bytes += delta
+        self._touch(session, now)
+        self._count("copy_turns_taken")
+        return True
+
+    def drop_copy(self, session_id: str) -> None:
+        """Forget the copy of a session its owner deleted or evicted (no tombstone: the owner answers for it)."""
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            return
+        self._bytes -= session.approx_bytes
+        if self.journal is not None:
+            self.journal.session_removed(session_id)
 
     # -- observability -------------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -139,6 +139,9 @@ class SessionService:
         # called with a session's id when it ends (deleted, samples taken, expired): the gateway releases its
         # engine binding (core/session_table.py `release`)
         self.on_end: list[Callable[[str], None]] = []
+        # awaited after a session is created, has a turn recorded or is deleted, before the caller hears of
+        # it: a fleet replica waits there until its backup holds the change (fleet/replication.py)
+        self.settle: Callable[[str], Awaitable[None]] | None = None
 
     # -- session lifecycle -----------------------------------------------------------------------------------
 
@@ -169,6 +172,11 @@ class SessionService:
     def delete(self, session_id: str) -> None:
         self.registry.delete(session_id, self.clock.now())
         self._ended(session_id)
+
+    async def settled(self, session_id: str) -> None:
+        """Wait until the change just made to the session is where `settle` wants it (nothing without)."""
+        if self.settle is not None:
+            await self.settle(session_id)
 
     def _ended(self, session_id: str) -> None:
         for callback in self.on_end:
@@ -276,6 +284,8 @@ class SessionService:
                 engine_meta=engine_meta_of(turn.meta_info),
             )
             recorded = self._commit(ticket, record)
+            if recorded:
+                await self.settled(session_id)
             return ChatOutcome(
                 status=200,
                 completion=completion,
