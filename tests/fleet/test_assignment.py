@@ -203,6 +203,33 @@ def test_a_minted_session_id_names_its_replica_while_it_lives() -> None:
     assert after.key_owner(session_id) == rendezvous_owner(session_id, after.key_candidates)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sampled_from(REPLICAS), min_size=2, max_size=6, unique=True),
+    st.sampled_from(REPLICAS),
+    st.text(min_size=1, max_size=16),
+)
+def test_a_keys_order_is_its_owner_then_whoever_owns_it_as_each_one_before_goes(
+    members: list[str], named: str, token: str
+) -> None:
+    """A session's backup (the second in its order) is the replica that owns it once its owner is gone, so
+    the records are where its next turn goes (fleet/replication.py)."""
+    assignment = Assignment()
+    for replica in members:
+        assignment.add_replica(replica)
+    for engine in ENGINES:
+        assignment.add_engine(engine)
+    view = view_of(assignment)
+    for key in (token, mint_session_id(named, token)):
+        order = view.preference(key)
+        assert sorted(order) == sorted(view.key_candidates)
+        shrinking = view
+        for expected in order:
+            assert shrinking.key_owner(key) == expected
+            shrinking = shrinking.without(expected)
+        assert shrinking.key_owner(key) is None
+
+
 def test_keys_go_only_to_replicas_that_own_engines() -> None:
     assignment = Assignment()
     for replica in REPLICAS[:3]:

@@ -1,7 +1,8 @@
-"""The session registry: lifecycle, idle TTL, limits, the memory bound, turn planning and commits."""
+"""The session registry: lifecycle, idle TTL, limits, the memory bound, turn planning, commits and copies."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from typing import Any
@@ -18,6 +19,7 @@ from rolloutgate.sessions.errors import (
     SessionsFull,
 )
 from rolloutgate.sessions.messages import message_key, tools_key
+from rolloutgate.sessions.record import ids_array
 from rolloutgate.sessions.registry import SessionLimits, SessionRegistry
 from rolloutgate.sessions.session import TurnBase, TurnKind
 
@@ -323,3 +325,104 @@ def test_stats_and_metric_samples(clock: ManualClock, record: Any) -> None:
 def test_limits_validate(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         SessionLimits(**bad)
+
+
+# -- copies (a fleet's backup replica) --------------------------------------------------------------------------
+
+
+class ListJournal:
+    """Every journal call, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, int | None]] = []
+
+    def session_created(self, session_id: str) -> None:
+        self.calls.append(("created", session_id, None))
+
+    def turn_committed(self, session_id: str, record: Any) -> None:
+        self.calls.append(("turn", session_id, record.index))
+
+    def session_removed(self, session_id: str) -> None:
+        self.calls.append(("removed", session_id, None))
+
+
+def two_turns(clock: ManualClock, record: Any) -> tuple[SessionRegistry, str]:
+    owner = registry()
+    sid = owner.create(clock.now()).session_id
+    commit(owner, clock, sid, record(0, prompt_new_ids=[1, 2], output_ids=[3, 4]))
+    commit(
+        owner, clock, sid, record(1, prompt_prefix_len=4, prompt_new_ids=[5], output_ids=[6], messages_from=2)
+    )
+    return owner, sid
+
+
+def test_a_copy_rebuilds_the_session_and_is_journaled(clock: ManualClock, record: Any) -> None:
+    owner, sid = two_turns(clock, record)
+    journal = ListJournal()
+    backup = SessionRegistry(SessionLimits(), journal=journal)
+    copy = owner.copy_of(sid)
+    assert copy is not None and backup.take_copy(copy, clock.now(), newer_only=False)
+    held = backup.get(sid, clock.now())
+    assert held.token_ids.tolist() == [1, 2, 3, 4, 5, 6]
+    assert held.state_after(2) == owner.get(sid, clock.now()).state_after(2)
+    assert journal.calls == [
+        ("removed", sid, None),
+        ("created", sid, None),
+        ("turn", sid, 0),
+        ("turn", sid, 1),
+    ]
+    assert owner.copy_of("nobody") is None
+
+
+def test_a_copy_takes_the_owners_next_turn_only_on_top_of_the_owners_turn_before(
+    clock: ManualClock, record: Any
+) -> None:
+    owner, sid = two_turns(clock, record)
+    backup = registry()
+    first = owner.copy_of(sid)
+    assert first is not None
+    backup.take_copy(first, clock.now(), newer_only=False)
+    third = record(2, prompt_prefix_len=6, prompt_new_ids=[7], output_ids=[8], messages_from=4)
+    assert not backup.take_turn(sid, third, "not-the-owners", clock.now())  # its turn 1 is another one
+    assert backup.take_turn(sid, third, "r1", clock.now())
+    assert backup.take_turn(sid, third, "r1", clock.now())  # sent twice: held already, nothing changes
+    assert backup.get(sid, clock.now()).token_ids.tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
+    fifth = record(4, prompt_prefix_len=8, prompt_new_ids=[9], output_ids=[10], messages_from=6)
+    assert not backup.take_turn(sid, fifth, "r3", clock.now())  # it lacks turn 3: the owner sends it whole
+    assert not backup.take_turn("unknown", third, "r1", clock.now())
+    # the owner retried turn 2 (a new request id): the copy replaces its turn 2 as the owner did
+    retried = dataclasses.replace(third, request_id="r2-again", output_ids=ids_array([11]))
+    assert backup.take_turn(sid, retried, "r1", clock.now())
+    assert backup.get(sid, clock.now()).token_ids.tolist() == [1, 2, 3, 4, 5, 6, 7, 11]
+
+
+def test_a_pulled_copy_never_replaces_a_longer_one_and_a_busy_session_takes_none(
+    clock: ManualClock, record: Any
+) -> None:
+    owner, sid = two_turns(clock, record)
+    longer = owner.copy_of(sid)
+    assert longer is not None
+    shorter = dataclasses.replace(longer, records=longer.records[:1])
+    held = registry()
+    held.take_copy(longer, clock.now(), newer_only=False)
+    assert not held.take_copy(shorter, clock.now(), newer_only=True)
+    assert held.get(sid, clock.now()).turns == 2
+    assert held.take_copy(shorter, clock.now(), newer_only=False)  # the owner's own word wins
+    assert held.get(sid, clock.now()).turns == 1
+    session = held.get(sid, clock.now())
+    held.begin_turn(session, TurnBase(kind=TurnKind.EXTEND, keep_turns=1, messages_from=2), b"k", clock.now())
+    assert not held.take_copy(longer, clock.now(), newer_only=False)  # served here right now
+    assert not held.take_turn(sid, longer.records[1], "r0", clock.now())
+
+
+def test_a_dropped_copy_is_gone_without_a_tombstone(clock: ManualClock, record: Any) -> None:
+    owner, sid = two_turns(clock, record)
+    held = registry()
+    copy = owner.copy_of(sid)
+    assert copy is not None
+    held.take_copy(copy, clock.now(), newer_only=False)
+    held.drop_copy(sid)
+    held.drop_copy(sid)  # twice: nothing more
+    with pytest.raises(SessionNotFound):
+        held.get(sid, clock.now())
+    assert held.stats().approx_bytes == 0
