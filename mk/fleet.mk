@@ -4,10 +4,12 @@
 #                                                 (~1 min on 2 cores, most of it Ray starting)
 #   make test-fleet FLEET_ARGS='-k sigkill'       a part of it
 #   make fleet-hop-cost                           what the one hop costs, p50 over 200 calls (~35 s)
+#   make fleet-replication-cost                   what a session record's copy costs its backup (~30 s)
+#   make fleet-scale                              CPU per M tokens and added latency, 1/2/4 replicas (~5 min)
 FLEET_STAMP := $(VENV)/.installed-fleet
 FLEET_ARGS  ?=
 
-.PHONY: test-fleet fleet-hop-cost
+.PHONY: test-fleet fleet-hop-cost fleet-replication-cost fleet-scale
 
 # The `fleet` extra's requirements (Ray), read from pyproject.toml: the same as `pip install -e '.[fleet]'`
 # without building the package again (the compiled modules are `make native`'s).
@@ -21,3 +23,9 @@ test-fleet: $(READY) $(FLEET_STAMP)
 
 fleet-hop-cost: $(READY) $(FLEET_STAMP)
 	$(BIN)/python -m rolloutgate.fleet.hop_cost
+
+fleet-replication-cost: $(READY) $(FLEET_STAMP)
+	$(BIN)/python -m rolloutgate.fleet.replication_cost
+
+fleet-scale: $(READY) $(FLEET_STAMP)
+	$(BIN)/python -m rolloutgate.fleet.scale --calls 288

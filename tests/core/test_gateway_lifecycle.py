@@ -1,4 +1,5 @@
-"""Endings: no engine, queue full, queue timeout, wall cap, client grace, late events, and no leaks."""
+"""Endings: no engine, queue full, queue timeout, wall cap, client grace, late events, no leaks, and an engine
+handed over drained."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from rolloutgate.core.events import (
     ClientAttached,
     ClientDisconnected,
     ClockMode,
+    EngineDraining,
     EngineHealthChecked,
     EngineJoined,
     EngineLeft,
@@ -233,3 +235,24 @@ def test_stats_and_repr() -> None:
     stats = h.gw.stats()
     assert stats.gate == "drain" and stats.in_flight == {"e1": 1} and stats.arrived == 2
     assert stats.timeouts == 0 and stats.clock_mode == "engine"
+
+
+def test_a_draining_engine_takes_no_new_work_and_its_running_calls_finish_there() -> None:
+    """A hand-over to another gateway (fleet/replica.py): nothing aborted, nothing new placed there."""
+    h = Harness()
+    h.engines(e1=4)
+    h.arrive("running")
+    assert h.engine_of["running"] == "e1"
+    assert h.send(EngineDraining(engine_id="e1")) == []  # nothing aborted or re-queued
+    h.arrive("new")
+    assert "new" not in h.engine_of  # waits: its only engine drains
+    h.engines(e2=4)
+    assert h.engine_of["new"] == "e2"
+    h.progress("running", 50)
+    assert of(h.finish("running"), Complete) and h.attempt_of["running"] == 1
+    assert h.gw.in_flight_on("e1") == 0 and h.gw.in_flight_on("e2") == 1 and h.gw.in_flight_on("gone") == 0
+    assert h.commands(Abort) == []
+    h.send(EngineDraining(engine_id="e1", draining=False))  # given back: it takes work again
+    h.arrive("third")
+    assert h.engine_of["third"] == "e1"
+    assert h.send(EngineDraining(engine_id="never")) == []

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import httpx
 import openai
 import pytest
@@ -24,6 +25,8 @@ from rolloutgate.fleet.replica import FleetReplica
 from rolloutgate.fleet.routing import REPLICA_HEADER, VIA_HEADER
 from rolloutgate.sessions.registry import SessionCopy
 from rolloutgate.sim import SimCluster
+from rolloutgate.top.fetch import GatewayReader
+from rolloutgate.top.view import build_view
 
 REPLICAS = 3
 ENGINES = 6
@@ -87,6 +90,16 @@ class LocalFleet:
             if connection.transport is not None:
                 connection.transport.abort()
         await replica.server.runner.cleanup()
+
+    async def restart(self, index: int) -> FleetReplica:
+        """A new incarnation of replica `index` (as Ray restarts one): same id, same settings."""
+        link = KillableLink()
+        reborn = FleetReplica(f"replica-{index}", self.replicas[index].settings, self.controller, handle=link)
+        link.replica = reborn
+        with contextlib.suppress(OSError):
+            await reborn.start()
+        self.replicas[index], self.links[index] = reborn, link
+        return reborn
 
     async def owners_by_replica(self, indices: list[int]) -> dict[str, list[str]]:
         """Each replica's own pool, read from its /admin/state."""
@@ -279,14 +292,8 @@ async def test_a_dead_replicas_engines_are_re_owned_and_its_keys_served_elsewher
 async def test_a_restarted_replica_takes_its_share_back(fleet: LocalFleet) -> None:
     await fleet.kill(2)
     await wait_until(lambda: "replica-2" not in fleet.controller.latest.replicas)
-    settings = fleet.replicas[2].settings
-    link = KillableLink()
-    reborn = FleetReplica("replica-2", settings, fleet.controller, handle=link)
-    link.replica = reborn
     old_url = fleet.replicas[2].url
-    with contextlib.suppress(OSError):
-        await reborn.start()
-    fleet.replicas[2], fleet.links[2] = reborn, link
+    reborn = await fleet.restart(2)
     await wait_until(lambda: all_joined(fleet))
     assert reborn.url == old_url  # the same port: URLs agents hold reach it again
     owners = await fleet.owners_by_replica([0, 1, 2])
@@ -552,13 +559,54 @@ async def test_a_returning_owner_takes_back_the_turns_its_backup_served(fleet: L
     await fleet.kill(index)
     assert (await agent.turn())[0] != owner  # served at the backup while the owner is away
     await wait_until(lambda: owner not in fleet.controller.latest.replicas)
-    link = KillableLink()
-    reborn = FleetReplica(owner, fleet.replicas[index].settings, fleet.controller, handle=link)
-    link.replica = reborn
-    await reborn.start()  # no --state-dir: it comes back empty and pulls its sessions from its peers
-    fleet.replicas[index], fleet.links[index] = reborn, link
+    reborn = await fleet.restart(index)  # no --state-dir: it comes back empty and pulls its sessions
     await wait_until(lambda: all_joined(fleet))
     assert (await agent.turn())[0] == owner
     assert len(held_records(fleet, index, session_id)) == 3
     assert reborn.replication is not None and reborn.replication.counts["pulled"] >= 1
     await agent.client.close()
+
+
+async def test_rolloutgate_top_on_any_replica_shows_the_whole_fleet(fleet: LocalFleet) -> None:
+    """`rolloutgate top` given one replica's URL reads every replica and shows each engine by its owner."""
+    async with aiohttp.ClientSession() as session:
+        snapshots = await GatewayReader(session).read_all(fleet.replicas[1].url)
+    assert [(s.replica_id, s.error) for s in snapshots] == [(f"replica-{i}", None) for i in range(REPLICAS)]
+    view = build_view([snapshots])
+    owners = fleet.controller.latest.owners
+    assert sorted((row.replica, row.url) for row in view.engines) == sorted((o, u) for u, o in owners.items())
+    assert [row.key for row in view.gateways] == [f"replica-{i}" for i in range(REPLICAS)]
+
+
+async def test_an_engine_handed_over_while_its_owner_lives_finishes_its_calls_there(
+    fleet: LocalFleet,
+) -> None:
+    """A replica that comes back takes engines from the others; each is handed over drained: the calls its
+    old owner runs there finish there, whole, on their first attempt (none aborted and re-queued)."""
+    await fleet.kill(2)
+    await wait_until(lambda: "replica-2" not in fleet.controller.latest.replicas and all_joined(fleet))
+    view = fleet.controller.latest
+    before = set((await fleet.owners_by_replica([0]))["replica-0"])
+    keys = [k for k in (f"drain-{i}" for i in range(500)) if view.key_owner(k) == "replica-0"][:6]
+    tokens = 3_000
+    calls = []
+    for key in keys:
+        body, headers = long_generate(key, tokens)
+        calls.append(
+            asyncio.create_task(
+                fleet.http.post(f"{fleet.replicas[0].url}/generate", json=body, headers=headers)
+            )
+        )
+    await asyncio.sleep(0.3)  # every call running on replica 0's engines
+    await fleet.restart(2)
+    await wait_until(lambda: all_joined(fleet))
+    moved = before - set((await fleet.owners_by_replica([0]))["replica-0"])
+    assert moved  # the returning replica took its share, some from replica 0
+    answers = await asyncio.gather(*calls)
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+    on_moved = [a for a in answers if a.headers["X-Rolloutgate-Engine"] in moved]
+    assert on_moved  # the hand-over had calls to drain
+    for answer in answers:
+        result = answer.json()
+        assert result["meta_info"]["completion_tokens"] == tokens
+        assert result["rolloutgate_timing"]["attempts"] == 1, result["rolloutgate_timing"]

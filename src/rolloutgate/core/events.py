@@ -193,6 +193,15 @@ class EngineLeft:
 
 
 @dataclass(**_frozen)
+class EngineDraining:
+    """The engine takes no new work while `draining` (it is being handed to another gateway): its running
+    calls go on to their end, what waits for it waits for another engine. `draining=False` takes it back."""
+
+    engine_id: str
+    draining: bool = True
+
+
+@dataclass(**_frozen)
 class EngineHealthChecked:
     """A health check of the engine passed or failed."""
 
@@ -282,6 +291,7 @@ Event = (
     | ClientAttached
     | EngineJoined
     | EngineLeft
+    | EngineDraining
     | EngineHealthChecked
     | EngineCacheFlushed
     | EnginePaused

@@ -71,6 +71,7 @@ from rolloutgate.core.events import (
     ClientAttached,
     ClientDisconnected,
     EngineCacheFlushed,
+    EngineDraining,
     EngineHealthChecked,
     EngineJoined,
     EngineLeft,
@@ -114,6 +115,7 @@ class Gateway(GatewayLedger):
             ClientAttached: self._on_attached,
             EngineJoined: self._on_engine_joined,
             EngineLeft: self._on_engine_left,
+            EngineDraining: self._on_engine_draining,
             EngineHealthChecked: self._on_health_checked,
             EngineCacheFlushed: self._on_cache_flushed,
             EnginePaused: self._on_engine_paused,
@@ -207,6 +209,11 @@ class Gateway(GatewayLedger):
         """The engine's state (an EngineState value), or None if the core does not know the engine."""
         engine = self._engines.get(engine_id)
         return None if engine is None else engine.state.value
+
+    def in_flight_on(self, engine_id: str) -> int:
+        """The calls running on the engine (0 if the core does not know it)."""
+        engine = self._engines.get(engine_id)
+        return 0 if engine is None else engine.in_flight
 
     def stats(self) -> GatewayStats:
         waiting: dict[str, int] = {}
@@ -471,6 +478,20 @@ class Gateway(GatewayLedger):
         self._timers.discard((TimerKind.CHARGE, engine.engine_id))
         self._timers.discard((TimerKind.LIVE, engine.engine_id))
         self._timers.discard((TimerKind.REST, engine.engine_id))
+        self._refresh_engines(now)
+        self._pump(now, out)
+        return out
+
+    def _on_engine_draining(self, ev: EngineDraining, now: float) -> list[Command]:
+        engine = self._engines.get(ev.engine_id)
+        if engine is None or engine.is_draining == ev.draining:
+            return []
+        out: list[Command] = []
+        engine.is_draining = ev.draining
+        if ev.draining:  # what waits for it goes to the shared queue; its running calls stay
+            self._fail_pinned_waiters(engine.engine_id, now, out, "its engine is being handed over")
+            for rid in self._queue.ids_in_lane((engine.engine_id, False)):
+                self._queue.move(rid, SHARED)
         self._refresh_engines(now)
         self._pump(now, out)
         return out

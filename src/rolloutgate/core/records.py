@@ -127,6 +127,7 @@ class EngineRecord:
         "endured_prefills",
         "engine_id",
         "generated_tokens",
+        "is_draining",
         "is_paused",
         "liveness",
         "meter",
@@ -157,6 +158,7 @@ class EngineRecord:
         self.order = order
         self.state = EngineState.HEALTHY if is_healthy else EngineState.UNHEALTHY
         self.is_paused = False
+        self.is_draining = False  # handed to another gateway: no new work (core/events.py EngineDraining)
         self.generated_tokens = 0  # output tokens its requests' own streams reported (not engine-level)
         self.slots = EngineSlots(
             capacity=capacity,
@@ -217,7 +219,7 @@ class EngineRecord:
 
     @property
     def is_schedulable(self) -> bool:
-        return self.state is EngineState.HEALTHY and not self.is_paused
+        return self.state is EngineState.HEALTHY and not self.is_paused and not self.is_draining
 
     def __repr__(self) -> str:
         paused = " paused" if self.is_paused else ""

@@ -156,6 +156,7 @@ class _Replica:
             "pid": os.getpid(),
             "node_ip": node_ip_address(),
             "cpu_s": time.process_time(),  # the process's CPU so far, every thread
+            "loop_cpu_s": time.thread_time(),  # its event loop's thread alone: the gateway's own work
         }
 
     async def stop(self, grace_s: float | None = None) -> None:

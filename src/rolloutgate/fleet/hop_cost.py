@@ -29,14 +29,14 @@ from rolloutgate.config import GatewaySettings
 if TYPE_CHECKING:
     from rolloutgate.fleet.launch import Fleet
 
-__all__ = ("main",)
+__all__ = ("main", "rolloutgate_process")
 
 TIME_SCALE = 100.0
 WARM_CALLS = 10  # per arm, before the measured calls
 
 
 @contextmanager
-def _process(args: list[str], marker: str, count: int) -> Iterator[list[str]]:
+def rolloutgate_process(args: list[str], marker: str, count: int) -> Iterator[list[str]]:
     """A `rolloutgate` subprocess; yields the last word of its first `count` stdout lines starting `marker`."""
     proc = subprocess.Popen([sys.executable, "-m", "rolloutgate", *args], stdout=subprocess.PIPE, text=True)
     try:
@@ -71,11 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     from rolloutgate.fleet.launch import start_fleet
 
     sim_args = ["sim", "--engines", "2", "--time-scale", str(TIME_SCALE)]
-    with _process(sim_args, "engine ", 2) as engines:
+    with rolloutgate_process(sim_args, "engine ", 2) as engines:
         serve_args = ["serve", "--port", "0", "--time-scale", str(TIME_SCALE), "--log-level", "warning"]
         for url in engines:
             serve_args += ["--engine", f"sglang+{url}"]
-        with _process(serve_args, "rolloutgate serving on", 1) as (plain,):
+        with rolloutgate_process(serve_args, "rolloutgate serving on", 1) as (plain,):
             ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
             settings = GatewaySettings(time_scale=TIME_SCALE, log_level="warning")
             fleet = start_fleet(2, [f"sglang+{u}" for u in engines], settings, replica_num_cpus=0)

@@ -7,8 +7,10 @@ fleet/actors.py: the actor's own loop) with no engines of its own, its app route
 the controller and follows its view with a long poll:
 
 - an engine the view gives it joins its pool (`EnginePool.add`, retried while the engine cannot be reached,
-  as at a gateway's start-up), one the view takes away leaves it (`EnginePool.remove`: its calls there are
-  re-queued on the replica's other engines);
+  as at a gateway's start-up); one the view takes away is handed over drained: it takes no new work here
+  (core `EngineDraining`), its calls here run to their end while the new owner already sends it work, and it
+  leaves the pool once they are done (or after the request timeout: what still runs is then re-queued on
+  this replica's other engines, `EnginePool.remove`). Given back meanwhile, it simply takes work again;
 - a view of a new controller epoch (the controller restarted), or one that no longer lists this incarnation
   (taken out while alive, e.g. frozen past the ping timeout), makes it register again; after a restart with
   the engines it holds, so none is forgotten.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import socket
 import uuid
 from collections.abc import Callable, Sequence
@@ -36,6 +39,7 @@ from typing import Any
 from aiohttp import web
 
 from rolloutgate.config import EngineSpec, GatewaySettings
+from rolloutgate.core.events import EngineDraining
 from rolloutgate.engines.base import UpstreamError
 from rolloutgate.fleet import edge
 from rolloutgate.fleet.assignment import EngineEntry, FleetView, check_replica_id, mint_session_id
@@ -61,6 +65,7 @@ log = logging.getLogger("rolloutgate.fleet")
 
 POLL_TIMEOUT_S = 10.0  # a long poll's length: how stale a replica's view can be if a change were missed
 CONTROLLER_RETRY_S = 1.0  # between calls to a controller that does not answer (restarting)
+DRAIN_POLL_S = 0.25  # how often a handed-over engine's calls here are counted
 
 
 @dataclass(eq=False)
@@ -88,6 +93,7 @@ class FleetReplica:
     _view: FleetView | None = field(default=None, init=False)
     _url: str = field(default="", init=False)
     _joining: dict[str, _Joining] = field(default_factory=dict, init=False)
+    _handing_over: dict[str, asyncio.Task[None]] = field(default_factory=dict, init=False)
     _applied: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _follower: asyncio.Task[None] | None = field(default=None, init=False)
     _background: set[asyncio.Task[Any]] = field(default_factory=set, init=False)
@@ -126,6 +132,7 @@ class FleetReplica:
             "view_version": view.version,
             "replicas": dict(view.replicas),
             "owners": dict(view.owners),
+            "handing_over": sorted(self._handing_over),
             "replication": dict(self.replication.counts) if self.replication is not None else {},
         }
 
@@ -160,7 +167,8 @@ class FleetReplica:
             await self.server.stop(grace_s)
         with contextlib.suppress(ControllerUnreachable):
             await self.controller.deregister_replica(self.replica_id, self.incarnation)
-        tasks = [j.task for j in self._joining.values()] + list(self._background)
+        tasks = [j.task for j in self._joining.values()] + list(self._handing_over.values())
+        tasks += list(self._background)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -294,7 +302,16 @@ class FleetReplica:
 
     def _join(self, entry: EngineEntry) -> None:
         first_try: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(self._join_until_in(entry, first_try), name=f"fleet-join-{entry.url}")
+        handing_over = self._handing_over.pop(entry.url, None)
+        handle = self._pool().by_url(entry.url) if handing_over is not None else None
+        if handing_over is not None:
+            handing_over.cancel()
+        if handle is not None:  # given back while it drained: it takes work here again
+            self._pool().emit(EngineDraining(engine_id=handle.engine_id, draining=False))
+            first_try.set_result(None)
+            task = asyncio.create_task(asyncio.sleep(0), name=f"fleet-join-{entry.url}")
+        else:
+            task = asyncio.create_task(self._join_until_in(entry, first_try), name=f"fleet-join-{entry.url}")
         self._joining[entry.url] = _Joining(entry, task, first_try)
         log.info("replica %s takes engine %s", self.replica_id, entry.url)
 
@@ -326,11 +343,28 @@ class FleetReplica:
     def _drop(self, url: str) -> None:
         joining = self._joining.pop(url)
         joining.task.cancel()
-        pool = self._pool()
-        handle = pool.by_url(url)
+        handle = self._pool().by_url(url)
         if handle is not None:
-            pool.remove(handle.engine_id)
+            self._handing_over[url] = asyncio.create_task(self._hand_over(url, handle.engine_id))
         log.info("replica %s hands engine %s over", self.replica_id, url)
+
+    async def _hand_over(self, url: str, engine_id: str) -> None:
+        """Drain the engine here (module docstring), then drop it from the pool."""
+        server = self.server
+        assert server is not None
+        pool, core = self._pool(), server.context.driver.core
+        pool.emit(EngineDraining(engine_id=engine_id))
+        longest_s = server.context.driver.clock.real_seconds(self.settings.timeout)
+        try:
+            for _ in range(math.ceil(longest_s / DRAIN_POLL_S)):  # polled: the core has no drained event
+                if not core.in_flight_on(engine_id):
+                    break
+                await asyncio.sleep(DRAIN_POLL_S)
+        finally:
+            if self._handing_over.get(url) is asyncio.current_task():
+                del self._handing_over[url]
+        pool.remove(engine_id)
+        log.info("replica %s: engine %s drained and handed over", self.replica_id, url)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)

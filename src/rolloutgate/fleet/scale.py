@@ -1,0 +1,160 @@
+"""The fleet's cost as it grows: `python -m rolloutgate.fleet.scale [--replicas 1 2 4]` (docs/fleet.md).
+
+Theory of operation: simulated SGLang engines (`rolloutgate sim`, a subprocess) and the same load for each
+fleet size: `--clients` rollouts, each a loop of token-in-token-out `/generate` calls with `return_logprob`
+(a `--prompt`-token prompt, `--decode` tokens out with `ignore_eos`), each rollout keyed and sent where miles
+sends a session: to the URL of the replica that owns its key (no hop). Before each fleet size the same calls
+go straight to the engines (client i to engine i mod E), so the added latency is measured beside its baseline
+on the same machine at the same moment.
+
+Per fleet size it prints the replicas' CPU per million generated tokens (the sum over replicas of the CPU of
+each one's event-loop thread during the load, where the gateway runs, less that thread's idle CPU measured
+just before, over the tokens the answers carried; Ray's own threads are left out),
+each replica's share, and the p50 / p90 latency added to a call (fleet - direct). Flat across sizes is the goal:
+the work per token is the gateway's own, not the fleet's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import orjson
+
+from rolloutgate.config import GatewaySettings
+from rolloutgate.fleet.hop_cost import rolloutgate_process
+
+if TYPE_CHECKING:
+    from rolloutgate.fleet.launch import Fleet
+
+__all__ = ("main",)
+
+TIME_SCALE = 50.0
+IDLE_S = 5.0  # each replica's idle CPU is measured over this long before the load
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--engines", type=int, default=4)
+    parser.add_argument("--clients", type=int, default=8, help="concurrent rollouts (default 8)")
+    parser.add_argument("--calls", type=int, default=96, help="calls per arm, over all clients (default 96)")
+    parser.add_argument("--prompt", type=int, default=20_000, help="prompt tokens (default 20,000)")
+    parser.add_argument("--decode", type=int, default=2_000, help="tokens out, with logprobs (default 2,000)")
+    args = parser.parse_args(argv)
+
+    import ray
+
+    from rolloutgate.fleet.launch import start_fleet
+
+    sim_args = ["sim", "--engines", str(args.engines), "--time-scale", str(TIME_SCALE)]
+    with rolloutgate_process(sim_args, "engine ", args.engines) as engines:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            for size in args.replicas:
+
+                def engine_url(i: int) -> str:
+                    return engines[i % len(engines)]
+
+                asyncio.run(_load(args, engine_url, calls=args.clients))  # warm, as the fleet's arm is
+                direct = asyncio.run(_load(args, engine_url))
+                settings = GatewaySettings(time_scale=TIME_SCALE, log_level="warning")
+                fleet = start_fleet(size, [f"sglang+{u}" for u in engines], settings, replica_num_cpus=0)
+                try:
+                    _wait_for_pools(fleet, len(engines))
+                    view = fleet.view()
+
+                    def owner_url(i: int, view: Any = view) -> str:
+                        return str(view.replicas[view.key_owner(f"scale-{i}")])
+
+                    asyncio.run(_load(args, owner_url, calls=args.clients))  # warm: connections, code paths
+                    idle = _cpu(fleet)
+                    time.sleep(IDLE_S)
+                    idle_per_s = {r: (c - idle[r]) / IDLE_S for r, c in _cpu(fleet).items()}
+                    before, started = _cpu(fleet), time.monotonic()
+                    through = asyncio.run(_load(args, owner_url))
+                    spent_s = time.monotonic() - started
+                    after = _cpu(fleet)
+                finally:
+                    fleet.stop(grace_s=0)
+                busy = {r: after[r] - before[r] - idle_per_s[r] * spent_s for r in after}
+                _report(size, direct, through, busy, sum(idle_per_s.values()) * spent_s)
+        finally:
+            ray.shutdown()
+    return 0
+
+
+class _Arm:
+    def __init__(self) -> None:
+        self.latencies_ms: list[float] = []
+        self.tokens = 0
+
+
+async def _load(args: argparse.Namespace, url_of: Any, *, calls: int | None = None) -> _Arm:
+    """`calls` /generate calls over `args.clients` concurrent rollouts; client i sends to `url_of(i)`."""
+    arm, remaining = _Arm(), calls or args.calls
+    prompt = list(range(1000, 1000 + args.prompt))
+    limits = httpx.Limits(max_connections=args.clients, max_keepalive_connections=args.clients)
+
+    async def client(i: int, http: httpx.AsyncClient) -> None:
+        nonlocal remaining
+        body = orjson.dumps(
+            {
+                "input_ids": [i, *prompt],
+                "sampling_params": {"max_new_tokens": args.decode, "ignore_eos": True},
+                "return_logprob": True,
+            }
+        )
+        headers = {"X-SMG-Routing-Key": f"scale-{i}", "Content-Type": "application/json"}
+        url = f"{url_of(i)}/generate"
+        while remaining > 0:
+            remaining -= 1
+            started = time.perf_counter()
+            answer = await http.post(url, content=body, headers=headers)
+            answer.raise_for_status()
+            arm.latencies_ms.append((time.perf_counter() - started) * 1000)
+            arm.tokens += int(orjson.loads(answer.content)["meta_info"]["completion_tokens"])
+
+    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+        await asyncio.gather(*(client(i, http) for i in range(args.clients)))
+    return arm
+
+
+def _cpu(fleet: Fleet) -> dict[str, float]:
+    """Each replica's event-loop thread's CPU so far: the gateway's own work, not Ray's threads."""
+    return {r: float(d["loop_cpu_s"]) for r, d in fleet.describe().items()}
+
+
+def _wait_for_pools(fleet: Fleet, engines: int) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        held = [len(d["engines"]) for d in fleet.describe().values()]
+        if sum(held) == engines:
+            return
+        time.sleep(0.2)
+    raise RuntimeError("the fleet's engines did not join its pools")
+
+
+def _percentile(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def _report(size: int, direct: _Arm, through: _Arm, busy: dict[str, float], idle_s: float) -> None:
+    total = sum(busy.values())
+    per_m = total / through.tokens * 1e6
+    shares = ", ".join(f"{r} {s:.2f}" for r, s in sorted(busy.items()))
+    added = {q: _percentile(through.latencies_ms, q) - _percentile(direct.latencies_ms, q) for q in (50, 90)}
+    print(
+        f"{size} replicas: {per_m:.2f} CPU-s per M generated tokens ({total:.2f} CPU-s over "
+        f"{through.tokens:,} tokens; {shares}; idle CPU taken off {idle_s:.2f} CPU-s); added latency p50 {added[50]:+.1f} ms, p90 {added[90]:+.1f} ms "
+        f"(direct p50 {_percentile(direct.latencies_ms, 50):.0f} ms, {len(through.latencies_ms)} calls)",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
