@@ -588,7 +588,7 @@ async def test_an_engine_handed_over_while_its_owner_lives_finishes_its_calls_th
     view = fleet.controller.latest
     before = set((await fleet.owners_by_replica([0]))["replica-0"])
     keys = [k for k in (f"drain-{i}" for i in range(500)) if view.key_owner(k) == "replica-0"][:6]
-    tokens = 3_000
+    tokens = 8_000  # ~1 s of real time at x100: the hand-over lands while they run
     calls = []
     for key in keys:
         body, headers = long_generate(key, tokens)
@@ -599,7 +599,8 @@ async def test_an_engine_handed_over_while_its_owner_lives_finishes_its_calls_th
         )
     await asyncio.sleep(0.3)  # every call running on replica 0's engines
     await fleet.restart(2)
-    await wait_until(lambda: all_joined(fleet))
+    assert not any(call.done() for call in calls)  # the hand-over begins while they run
+    await wait_until(lambda: all_joined(fleet))  # the drained engines have left replica 0's pool
     moved = before - set((await fleet.owners_by_replica([0]))["replica-0"])
     assert moved  # the returning replica took its share, some from replica 0
     answers = await asyncio.gather(*calls)
