@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,9 +21,10 @@ import pytest
 import ray
 
 from rolloutgate.config import GatewaySettings
-from rolloutgate.fleet import Fleet, start_fleet
+from rolloutgate.fleet import Fleet
 from rolloutgate.fleet.assignment import named_replica
 from rolloutgate.fleet.routing import REPLICA_HEADER, VIA_HEADER
+from tests.fleet.on_ray import fleet_on_ray, pools, pools_hold, simulated_engines, wait_for
 from tests.fleet.test_in_process import key_owned_by, long_generate
 
 pytestmark = pytest.mark.fleet
@@ -38,33 +37,8 @@ REOWN_LIMIT_S = 10.0
 
 @pytest.fixture(scope="module")
 def engines() -> Iterator[list[str]]:
-    sim = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rolloutgate",
-            "sim",
-            "--engines",
-            str(ENGINES + 1),
-            "--time-scale",
-            str(TIME_SCALE),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert sim.stdout is not None
-        urls: list[str] = []
-        deadline = time.monotonic() + 60
-        while len(urls) < ENGINES + 1 and time.monotonic() < deadline:
-            line = sim.stdout.readline()
-            if line.startswith("engine "):
-                urls.append(line.split()[-1])
-        assert len(urls) == ENGINES + 1, "the simulator did not start"
+    with simulated_engines(ENGINES + 1, TIME_SCALE) as urls:
         yield urls
-    finally:
-        sim.terminate()
-        sim.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -74,52 +48,17 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def fleet(engines: list[str], state_dir: Path) -> Iterator[Fleet]:
-    ray.init(num_cpus=2, include_dashboard=False, namespace="rolloutgate-test")
     settings = GatewaySettings(
         time_scale=TIME_SCALE, stall_timeout=600.0, log_level="warning", state_dir=str(state_dir)
     )
-    started = start_fleet(
-        REPLICAS, [f"sglang+{url}" for url in engines[:ENGINES]], settings, replica_num_cpus=0
-    )
-    try:
-        wait_for(lambda: pools_hold(started, ENGINES), "every engine in a pool")
+    with fleet_on_ray(REPLICAS, engines[:ENGINES], settings, "rolloutgate-test") as started:
         yield started
-    finally:
-        started.stop(grace_s=1)
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
 def http() -> Iterator[httpx.Client]:
     with httpx.Client(timeout=60) as client:
         yield client
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> float:
-    """Seconds until `condition()` held; fails after `timeout_s`."""
-    start = time.monotonic()
-    while not condition():
-        assert time.monotonic() - start < timeout_s, f"not in {timeout_s:g} s: {what}"
-        time.sleep(0.05)
-    return time.monotonic() - start
-
-
-def pools(fleet: Fleet, replica_ids: list[str] | None = None) -> dict[str, list[str]]:
-    """Each replica's own pool, from its /admin/state."""
-    view = fleet.view()
-    out = {}
-    for replica_id in replica_ids or list(view.replicas):
-        state = httpx.get(f"{view.replicas[replica_id]}/admin/state", timeout=10).json()
-        out[replica_id] = sorted(e["url"] for e in state["engines"])
-    return out
-
-
-def pools_hold(fleet: Fleet, count: int, replica_ids: list[str] | None = None) -> bool:
-    try:
-        held = [url for urls in pools(fleet, replica_ids).values() for url in urls]
-    except (httpx.HTTPError, KeyError):
-        return False
-    return len(held) == count and len(set(held)) == count
 
 
 def generate(http: httpx.Client, url: str, key: str) -> httpx.Response:

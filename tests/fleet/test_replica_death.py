@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -25,14 +23,13 @@ from dataclasses import replace
 import aiohttp
 import httpx
 import pytest
-import ray
 
 from rolloutgate.bench.replay.agents import AgentFleet, TurnRecord, import_litellm
 from rolloutgate.bench.replay.scenario import ReplayConfig, agent_plan
 from rolloutgate.bench.replay.world import warm_up
 from rolloutgate.config import GatewaySettings
-from rolloutgate.fleet import Fleet, start_fleet
-from tests.fleet.test_on_ray import pools_hold, wait_for
+from rolloutgate.fleet import Fleet
+from tests.fleet.on_ray import fleet_on_ray, pools_hold, simulated_engines, wait_for
 
 pytestmark = pytest.mark.fleet
 
@@ -59,34 +56,15 @@ CONFIG = ReplayConfig(
 
 @pytest.fixture(scope="module")
 def engines() -> Iterator[list[str]]:
-    command = [sys.executable, "-m", "rolloutgate", "sim", "--engines", str(ENGINES)]
-    sim = subprocess.Popen([*command, "--time-scale", str(TIME_SCALE)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert sim.stdout is not None
-        urls: list[str] = []
-        deadline = time.monotonic() + 60
-        while len(urls) < ENGINES and time.monotonic() < deadline:
-            line = sim.stdout.readline()
-            if line.startswith("engine "):
-                urls.append(line.split()[-1])
-        assert len(urls) == ENGINES, "the simulator did not start"
+    with simulated_engines(ENGINES, TIME_SCALE) as urls:
         yield urls
-    finally:
-        sim.terminate()
-        sim.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
 def fleet(engines: list[str]) -> Iterator[Fleet]:
-    ray.init(num_cpus=2, include_dashboard=False, namespace="rolloutgate-death")
     settings = GatewaySettings(time_scale=TIME_SCALE, stall_timeout=600.0, log_level="warning")
-    started = start_fleet(REPLICAS, [f"sglang+{url}" for url in engines], settings, replica_num_cpus=0)
-    try:
-        wait_for(lambda: pools_hold(started, ENGINES), "every engine in a pool")
+    with fleet_on_ray(REPLICAS, engines, settings, "rolloutgate-death") as started:
         yield started
-    finally:
-        started.stop(grace_s=1)
-        ray.shutdown()
 
 
 def running_at(fleet: Fleet, replica_id: str) -> int:
