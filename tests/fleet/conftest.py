@@ -5,4 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 
-collect_ignore = [] if importlib.util.find_spec("ray") else ["on_ray.py", "test_on_ray.py", "test_replica_death.py"]
+collect_ignore = (
+    [] if importlib.util.find_spec("ray") else ["on_ray.py", "test_on_ray.py", "test_replica_death.py"]
+)

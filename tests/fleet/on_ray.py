@@ -24,11 +24,22 @@ def simulated_engines(count: int, time_scale: float) -> Iterator[list[str]]:
 
 @contextmanager
 def fleet_on_ray(
-    replicas: int, engines: list[str], settings: GatewaySettings, namespace: str
+    replicas: int,
+    engines: list[str],
+    settings: GatewaySettings,
+    namespace: str,
+    *,
+    shared_port: int | None = None,
 ) -> Iterator[Fleet]:
     """A fleet on a local Ray cluster (`num_cpus=2`), once every engine is in a pool."""
     ray.init(num_cpus=2, include_dashboard=False, namespace=namespace)
-    started = start_fleet(replicas, [f"sglang+{url}" for url in engines], settings, replica_num_cpus=0)
+    started = start_fleet(
+        replicas,
+        [f"sglang+{url}" for url in engines],
+        settings,
+        replica_num_cpus=0,
+        shared_port=shared_port,
+    )
     try:
         wait_for(lambda: pools_hold(started, len(engines)), "every engine in a pool")
         yield started

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,7 +95,10 @@ class LocalFleet:
     async def restart(self, index: int) -> FleetReplica:
         """A new incarnation of replica `index` (as Ray restarts one): same id, same settings."""
         link = KillableLink()
-        reborn = FleetReplica(f"replica-{index}", self.replicas[index].settings, self.controller, handle=link)
+        old = self.replicas[index]
+        reborn = FleetReplica(
+            old.replica_id, old.settings, self.controller, handle=link, shared_port=old.shared_port
+        )
         link.replica = reborn
         with contextlib.suppress(OSError):
             await reborn.start()
@@ -108,6 +112,13 @@ class LocalFleet:
             state = (await self.http.get(f"{self.replicas[i].url}/admin/state")).json()
             out[self.replicas[i].replica_id] = sorted(e["url"] for e in state["engines"])
         return out
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
 
 
 def link_of(handle: object) -> ReplicaLink:
@@ -125,10 +136,11 @@ async def fleet() -> AsyncIterator[LocalFleet]:
         )
         await controller.start()
         settings = GatewaySettings(port=0, time_scale=100.0, stall_timeout=600.0, log_level="warning")
+        shared_port = free_port()
         replicas, links = [], []
         for i in range(REPLICAS):
             link = KillableLink()
-            replica = FleetReplica(f"replica-{i}", settings, controller, handle=link)
+            replica = FleetReplica(f"replica-{i}", settings, controller, handle=link, shared_port=shared_port)
             link.replica = replica
             await replica.start()
             replicas.append(replica)
@@ -611,3 +623,43 @@ async def test_an_engine_handed_over_while_its_owner_lives_finishes_its_calls_th
         result = answer.json()
         assert result["meta_info"]["completion_tokens"] == tokens
         assert result["rolloutgate_timing"]["attempts"] == 1, result["rolloutgate_timing"]
+
+
+async def test_the_shared_port_is_one_url_that_outlives_any_replica(fleet: LocalFleet) -> None:
+    """Every replica also listens on the fleet's shared port (SO_REUSEPORT): new connections there reach a live
+    replica, whichever one died."""
+    shared = f"http://127.0.0.1:{fleet.replicas[0].shared_port}"
+    view = fleet.controller.latest
+    keys = [key_owned_by(view, f"replica-{i}", f"shared-{i}-") for i in range(REPLICAS)]
+
+    async def calls() -> set[str]:
+        served = set()
+        for round_ in range(4):
+            for key in keys:
+                body, headers = generate(key)
+                async with httpx.AsyncClient(timeout=30) as fresh:  # a new connection each call
+                    answer = await fresh.post(f"{shared}/generate", json=body, headers=headers)
+                assert answer.status_code == 200, (round_, answer.text)
+                served.add(answer.headers[REPLICA_HEADER])
+        return served
+
+    assert await calls() == set(view.replicas)  # each key at its owner, from whichever replica took it
+    await fleet.kill(0)
+    assert await calls() <= {"replica-1", "replica-2"}  # at once: before the controller noticed, too
+
+
+async def test_a_call_whose_owner_died_goes_on_here_when_this_replica_is_next_in_its_order(
+    fleet: LocalFleet,
+) -> None:
+    """The forwarder read the body off the stream for the hop; taking the call itself, it sends it to its own
+    URL (the gateway's handler would find the stream empty)."""
+    view = fleet.controller.latest
+    key = next(
+        k for k in (f"next-{i}" for i in range(500)) if view.preference(k)[:2] == ["replica-2", "replica-0"]
+    )
+    await fleet.kill(2)
+    body, headers = long_generate(key, 8)
+    answer = await fleet.http.post(f"{fleet.replicas[0].url}/generate", json=body, headers=headers)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers[REPLICA_HEADER] == "replica-0"
+    assert answer.json()["meta_info"]["completion_tokens"] == 8

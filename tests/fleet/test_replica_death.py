@@ -1,12 +1,15 @@
 """A replica SIGKILLed mid-rollout (`make test-fleet`), the issue's scenario: a local Ray cluster, 3 replica
 actors, 6 simulated SGLang engines (`rolloutgate sim`, x100), no `--state-dir` (the records live on two
 replicas, fleet/replication.py), and the replay's agents (bench/replay/agents.py: LiteLLM with its default
-retries, non-streamed turns) through the one URL: six on the session API (`/sessions/{id}/v1`), three with a
-routing key (`X-Session-Id` on `/v1`). Once replica 2 has turns running, its process is SIGKILLed; the agents
+retries, non-streamed turns) through the one URL, the fleet's shared port that every replica listens on: six on
+the session API (`/sessions/{id}/v1`), three with a routing key (`X-Session-Id` on `/v1`). Once replica 0 has
+turns running, its process is SIGKILLed: it was the owner of some calls and the forwarder of others. The agents
 go on until Ray has restarted it and it has served again.
 
-It must show: no turn failed that the agents saw (the one URL's hop sends a call whose owner died, before or
-after keep-alive spaces, on to the next replica in its key's order, which holds the session's records); every
+It must show: no turn failed that the agents saw (a forwarder's hop sends a call whose owner died, before or
+after keep-alive spaces, on to the next replica in its key's order, which holds the session's records; a call
+whose connection was to the dead replica itself is retried by LiteLLM onto the shared port, where a live
+replica takes it); every
 session's records are there, one per answered turn, through the one URL; every engine has one live owner again
 within 10 s; and the engine-seconds lost with the killed replica's generations (the engines aborted them when
 its connections closed) are printed."""
@@ -30,13 +33,14 @@ from rolloutgate.bench.replay.world import warm_up
 from rolloutgate.config import GatewaySettings
 from rolloutgate.fleet import Fleet
 from tests.fleet.on_ray import fleet_on_ray, pools_hold, simulated_engines, wait_for
+from tests.fleet.test_in_process import free_port
 
 pytestmark = pytest.mark.fleet
 
 REPLICAS = 3
 ENGINES = 6
 TIME_SCALE = 100.0
-VICTIM = "replica-2"  # not replica 0: the one URL is its (a client holding it loses it with it)
+VICTIM = "replica-0"  # the replica whose own URL would be the one URL without the shared port
 REOWN_LIMIT_S = 10.0
 CONFIG = ReplayConfig(
     time_scale=TIME_SCALE,
@@ -63,7 +67,7 @@ def engines() -> Iterator[list[str]]:
 @pytest.fixture(scope="module")
 def fleet(engines: list[str]) -> Iterator[Fleet]:
     settings = GatewaySettings(time_scale=TIME_SCALE, stall_timeout=600.0, log_level="warning")
-    with fleet_on_ray(REPLICAS, engines, settings, "rolloutgate-death") as started:
+    with fleet_on_ray(REPLICAS, engines, settings, "rolloutgate-death", shared_port=free_port()) as started:
         yield started
 
 

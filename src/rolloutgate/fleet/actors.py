@@ -110,6 +110,7 @@ class _Replica:
         settings: GatewaySettings,
         controller_name: str,
         advertise_host: str | None = None,  # "node": this node's IP
+        shared_port: int | None = None,
     ) -> None:
         logging.basicConfig(
             level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -123,6 +124,7 @@ class _Replica:
             handle=current_actor(),
             peer_link=ReplicaClient,
             advertise_host=node_ip_address() if advertise_host == "node" else advertise_host,
+            shared_port=shared_port,
         )
         self._started = asyncio.get_running_loop().create_task(self._replica.start())
 

@@ -4,7 +4,8 @@
     rolloutgate fleet --replicas 4 --address auto --host 0.0.0.0 --admin-token T ...   # in a Ray cluster
 
 Every `rolloutgate serve` flag applies to every replica (`--port P`: replica i on P + i; by default any free
-port); `--engine` gives the fleet's engines. Prints each replica's URL and the one URL (replica 0's).
+port); `--engine` gives the fleet's engines; `--shared-port S`: every replica also listens on S, the one URL
+on each node. Prints each replica's URL and the one URL (the shared port, else replica 0's).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from rolloutgate.server import cli as serve_cli
 
 __all__ = ("add_arguments", "run")
 
-_OWN = ("replicas", "address", "num_cpus", "replica_cpus", "name", "namespace", "max_restarts")
+_OWN = ("replicas", "address", "num_cpus", "replica_cpus", "name", "namespace", "max_restarts", "shared_port")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--name", default="rolloutgate", help="Ray actor name prefix (default rolloutgate)")
     parser.add_argument("--namespace", default=None, help="Ray namespace")
+    parser.add_argument(
+        "--shared-port",
+        type=int,
+        default=None,
+        help="a port every replica also listens on (SO_REUSEPORT): the one URL, on each node",
+    )
     parser.add_argument(
         "--max-restarts",
         type=int,
@@ -73,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         address=args.address,
         namespace=args.namespace,
         base_port=base_port,
+        shared_port=args.shared_port,
         replica_num_cpus=args.replica_cpus,
         max_restarts=args.max_restarts,
         ray_init=ray_init,

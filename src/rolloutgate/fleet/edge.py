@@ -128,9 +128,9 @@ def install(app: web.Application, member: FleetMember) -> None:
             await member.sessions_ready()  # a replica that just joined first takes its sessions' records
         return await handler(request)
 
-    async def hop(request: web.Request, handler: Handler, decision: Forward) -> web.StreamResponse:
+    async def hop(request: web.Request, decision: Forward) -> web.StreamResponse:
         """Forward; if the owner did not answer and the body was kept, once more to the next replica in the
-        key's order (here, or over loopback if the client's answer is already under way)."""
+        key's order (this one included, over loopback)."""
         assert hops.session is not None, "the hop pool opens with the app"
         try:
             return await forward(request, decision.url, self_id=member.replica_id, session=hops.session)
@@ -139,9 +139,7 @@ def install(app: web.Application, member: FleetMember) -> None:
             member.suspect(decision.replica_id)
             failed = exc
         retry = where(request, member.view.without(decision.replica_id)) if failed.replayable else None
-        if isinstance(retry, Here) and failed.resume is None:
-            return await here(request, handler)
-        if isinstance(retry, Here | Forward):
+        if isinstance(retry, Here | Forward):  # here too over loopback: the body was read off the stream
             url = retry.url if isinstance(retry, Forward) else member.url
             with contextlib.suppress(HopFailed):
                 log.info("replica %s: %s sent on to %s instead", member.replica_id, request.path, url)
@@ -169,7 +167,7 @@ def install(app: web.Application, member: FleetMember) -> None:
         if isinstance(decision, FleetWide):
             return await fleet_wide_calls[decision.name](request)
         if isinstance(decision, Forward):
-            return await hop(request, handler, decision)
+            return await hop(request, decision)
         return await registration(request)
 
     async def stamp(_request: web.Request, response: web.StreamResponse) -> None:

@@ -33,17 +33,21 @@ START_TIMEOUT_S = 120.0  # an actor's start: a worker process, the gateway's imp
 
 @dataclass(eq=False)
 class Fleet:
-    """A running fleet. `urls[i]` serves replica i; `url` is the one URL (replica 0's, for now: any replica
-    takes any request, so a client may use any of them)."""
+    """A running fleet. `urls[i]` serves replica i; `url` is the one URL: the shared port on replica 0's node
+    when the fleet has one (every replica on that node answers it, so it outlives any one of them), else
+    replica 0's own (any replica takes any request, so a client may use any of them)."""
 
     name: str
     controller: Any  # Ray ActorHandle of fleet/actors.py ControllerActor
     replicas: dict[str, Any]  # replica id -> Ray ActorHandle of ReplicaActor
     urls: list[str] = field(default_factory=list)
+    shared_port: int | None = None
 
     @property
     def url(self) -> str:
-        return self.urls[0]
+        if self.shared_port is None:
+            return self.urls[0]
+        return self.urls[0].rsplit(":", 1)[0] + f":{self.shared_port}"
 
     def view(self) -> FleetView:
         """The controller's view now: live replicas and their URLs, every engine and its owner."""
@@ -96,6 +100,7 @@ def start_fleet(
     address: str | None = None,
     namespace: str | None = None,
     base_port: int = 0,
+    shared_port: int | None = None,
     advertise_node_ip: bool | None = None,
     replica_num_cpus: float = 1.0,
     max_restarts: int = -1,
@@ -108,6 +113,7 @@ def start_fleet(
 
     `settings`: the gateway settings every replica runs with (its host; its port is `base_port + i`, or any
     free one with 0); engines come from `engines` and later registrations, never from `settings`.
+    `shared_port`: every replica also listens there (SO_REUSEPORT), the fleet's one URL on each node.
     `advertise_node_ip`: put the node's IP in each replica's URL (default: when binding all addresses).
     `address`/`ray_init`: for `ray.init` when this process is not in a Ray cluster yet."""
     if replicas < 1:
@@ -133,8 +139,10 @@ def start_fleet(
             num_cpus=replica_num_cpus,
             max_restarts=max_restarts,
             scheduling_strategy="SPREAD",
-        ).remote(replica_id, replica_settings, f"{name}-controller", "node" if advertise else None)
-    fleet = Fleet(name=name, controller=controller, replicas=handles)
+        ).remote(
+            replica_id, replica_settings, f"{name}-controller", "node" if advertise else None, shared_port
+        )
+    fleet = Fleet(name=name, controller=controller, replicas=handles, shared_port=shared_port)
     try:
         fleet.urls = ray.get([h.ready.remote() for h in handles.values()], timeout=START_TIMEOUT_S)
     except BaseException:

@@ -88,6 +88,7 @@ class FleetReplica:
     handle: object = None
     peer_link: Callable[[object], ReplicaLink] = lambda handle: handle  # type: ignore[assignment, return-value]
     advertise_host: str | None = None  # the host in its URL, where it binds all addresses (0.0.0.0)
+    shared_port: int | None = None  # the fleet's one URL on this node, shared with the replicas beside it
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex)
     server: GatewayServer | None = field(default=None, init=False)
     _view: FleetView | None = field(default=None, init=False)
@@ -146,7 +147,11 @@ class FleetReplica:
         update: dict[str, Any] = {"port": port}
         if self.settings.state_dir:  # a store is one gateway's (it locks its folder): one folder a replica
             update["state_dir"] = str(Path(self.settings.state_dir) / self.replica_id)
-        server = GatewayServer(self.settings.model_copy(update=update), configure_app=self._configure)
+        server = GatewayServer(
+            self.settings.model_copy(update=update),
+            configure_app=self._configure,
+            shared_port=self.shared_port,
+        )
         self.server = server
         self._url = await server.start()
         if self.advertise_host:

@@ -259,6 +259,9 @@ class GatewayServer:
     # Called with the built app before it serves: what wraps the gateway (rolloutgate.fleet) adds its
     # middleware and signals here.
     configure_app: Callable[[web.Application], None] | None = None
+    # a port it also listens on with SO_REUSEPORT, beside its own: the gateways on one host that share it
+    # take its connections in turn, and one that dies leaves it to the others (a fleet's one URL)
+    shared_port: int | None = None
     _hurry: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
     _watchdog: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
@@ -280,7 +283,12 @@ class GatewayServer:
         self._watchdog = asyncio.create_task(self._cut_stalled_readers(), name="stalled-readers")
         site = web.TCPSite(self.runner, self.settings.host, self.settings.port, backlog=4096)
         await site.start()
-        addresses = self.runner.addresses  # getsockname() of each listening socket (this runner's one site)
+        if self.shared_port is not None:
+            shared = web.TCPSite(
+                self.runner, self.settings.host, self.shared_port, backlog=4096, reuse_port=True
+            )
+            await shared.start()
+        addresses = self.runner.addresses  # getsockname() of each listening socket, its own site's first
         port = addresses[0][1] if addresses else self.settings.port
         self.url = f"http://{self.settings.host}:{port}"
         return self.url
