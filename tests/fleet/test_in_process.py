@@ -20,7 +20,7 @@ import pytest
 from rolloutgate.config import GatewaySettings
 from rolloutgate.fleet.assignment import EngineEntry, FleetView, named_replica
 from rolloutgate.fleet.controller import FleetController
-from rolloutgate.fleet.links import JoinResult, ReplicaLink, ReplicaUnreachable, SessionChange
+from rolloutgate.fleet.links import JoinResult, ReplicaInfo, ReplicaLink, ReplicaUnreachable, SessionChange
 from rolloutgate.fleet.operations import ReplicaResult
 from rolloutgate.fleet.replica import FleetReplica
 from rolloutgate.fleet.routing import REPLICA_HEADER, VIA_HEADER
@@ -133,6 +133,7 @@ async def fleet() -> AsyncIterator[LocalFleet]:
             [EngineEntry(url, family="sglang") for url in cluster.urls],
             link_factory=link_of,
             ping_interval_s=0.1,
+            expected_replicas=REPLICAS,
         )
         await controller.start()
         settings = GatewaySettings(port=0, time_scale=100.0, stall_timeout=600.0, log_level="warning")
@@ -180,6 +181,15 @@ async def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> 
 def generate(key: str) -> tuple[dict[str, object], dict[str, str]]:
     body = {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 4}}
     return body, {"X-SMG-Routing-Key": key}
+
+
+async def test_the_engines_given_at_start_wait_for_every_replica_and_never_change_hands(
+    fleet: LocalFleet,
+) -> None:
+    assert fleet.controller.moves == [
+        m for m in fleet.controller.moves if m.source is None
+    ]  # each engine's first owner only: no start-up hand-over
+    assert sorted(len(fleet.controller.latest.engines_of(r.replica_id)) for r in fleet.replicas) == [2, 2, 2]
 
 
 async def test_each_engine_has_one_owner_and_keyed_calls_reach_it_in_one_hop(fleet: LocalFleet) -> None:
@@ -663,3 +673,25 @@ async def test_a_call_whose_owner_died_goes_on_here_when_this_replica_is_next_in
     assert answer.status_code == 200, answer.text
     assert answer.headers[REPLICA_HEADER] == "replica-0"
     assert answer.json()["meta_info"]["completion_tokens"] == 8
+
+
+async def test_engines_given_at_start_go_to_the_replicas_there_when_the_others_do_not_come() -> None:
+    class Answering:
+        async def ping(self, timeout_s: float) -> str:
+            return "only"
+
+    controller = FleetController(
+        [EngineEntry(f"http://127.0.0.1:{30000 + i}") for i in range(4)],
+        link_factory=lambda handle: handle,  # type: ignore[arg-type, return-value]
+        expected_replicas=2,
+        startup_grace_s=0.2,
+    )
+    await controller.start()
+    try:
+        view = await controller.register_replica(
+            ReplicaInfo("replica-0", "http://127.0.0.1:1", "only"), Answering()
+        )
+        assert view.engines == {}  # held: one more replica is expected
+        await wait_until(lambda: len(controller.latest.engines_of("replica-0")) == 4, timeout_s=5)
+    finally:
+        await controller.close()

@@ -42,6 +42,7 @@ class _Controller:
         ping_interval_s: float,
         ping_timeout_s: float,
         ping_failures: int,
+        expected_replicas: int = 1,
     ) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
         self._controller = FleetController(
@@ -50,6 +51,7 @@ class _Controller:
             ping_interval_s=ping_interval_s,
             ping_timeout_s=ping_timeout_s,
             ping_failures=ping_failures,
+            expected_replicas=expected_replicas,
         )
         self._started = asyncio.get_running_loop().create_task(self._controller.start())
 

@@ -15,6 +15,10 @@ old one out; the new one registers itself when it starts, and the balance rule g
 A controller that Ray restarts starts a new epoch with only the engines it was started with; each replica
 notices the new epoch and registers again with the engines it holds, so engines registered over HTTP since
 are kept (each with the replica that had it, where balance allows).
+
+Start-up: the engines given at start are held back until `expected_replicas` have registered (or
+`startup_grace_s` has passed), then spread over them in one step, so no early replica takes every engine only
+to hand most of them over as the others arrive.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ class FleetController:
         ping_interval_s: float = 0.5,
         ping_timeout_s: float = 1.0,
         ping_failures: int = 2,
+        expected_replicas: int = 1,
+        startup_grace_s: float = 30.0,
     ) -> None:
         self.epoch = uuid.uuid4().hex
         self.ping_interval_s = ping_interval_s
@@ -70,11 +76,15 @@ class FleetController:
         self._version = 0
         self._changed = asyncio.Event()
         self._monitor: asyncio.Task[None] | None = None
+        self._release_timer: asyncio.Task[None] | None = None
         self._checks: set[asyncio.Task[None]] = set()
         self.departures: list[tuple[str, str]] = []  # (replica id, why): what the monitor saw
-        for entry in engines:
-            self._entries[entry.url] = entry
-            self._assignment.add_engine(entry.url)
+        self.moves: list[Move] = []  # every engine that changed owner, for the log and for tests
+        # the engines given at start wait until the replicas expected at start have registered (or the grace
+        # has passed), then are spread over them at once: no replica takes them all and hands most back
+        self._held = {entry.url: entry for entry in engines}
+        self._expected_replicas = expected_replicas
+        self._startup_grace_s = startup_grace_s
         self._view = self._snapshot()
 
     # -- lifecycle ---------------------------------------------------------------------------------------
@@ -82,9 +92,29 @@ class FleetController:
     async def start(self) -> None:
         if self._monitor is None:
             self._monitor = asyncio.create_task(self._watch(), name="fleet-liveness")
+            if self._held:
+                self._release_timer = asyncio.create_task(self._release_after_grace(), name="fleet-startup")
+
+    async def _release_after_grace(self) -> None:
+        await asyncio.sleep(self._startup_grace_s)
+        if self._held:
+            log.warning(
+                "%d of %d replicas registered in %g s: the engines given at start go to those",
+                len(self._urls),
+                self._expected_replicas,
+                self._startup_grace_s,
+            )
+            self._release_held()
+            self._changed_view()
+
+    def _release_held(self) -> None:
+        held, self._held = self._held, {}
+        for url, entry in held.items():
+            self._entries[url] = entry
+            self._log_moves(self._assignment.add_engine(url))
 
     async def close(self) -> None:
-        tasks = [t for t in (self._monitor, *self._checks) if t is not None]
+        tasks = [t for t in (self._monitor, self._release_timer, *self._checks) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -106,9 +136,12 @@ class FleetController:
         self._failures[replica_id] = 0
         for entry in engines:  # a new epoch: engines registered before the controller restarted
             if entry.url not in self._entries:
+                self._held.pop(entry.url, None)
                 self._entries[entry.url] = entry
                 self._log_moves(self._assignment.add_engine(entry.url, prefer=replica_id))
         self._log_moves(self._assignment.add_replica(replica_id))
+        if self._held and len(self._urls) >= self._expected_replicas:
+            self._release_held()
         log.info("replica %s registered at %s", replica_id, info.url)
         return self._changed_view()
 
@@ -246,6 +279,7 @@ class FleetController:
         return self._view
 
     def _log_moves(self, moves: list[Move]) -> None:
+        self.moves += moves
         for move in moves:
             log.info("engine %s: %s -> %s", move.engine, move.source, move.target)
 

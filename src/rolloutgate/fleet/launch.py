@@ -126,7 +126,7 @@ def start_fleet(
         ray.init(address=address, namespace=namespace, **options)
     controller: Any = ControllerActor.options(
         name=f"{name}-controller", num_cpus=0, max_restarts=max_restarts, max_concurrency=10_000
-    ).remote(_entries(engines), ping_interval_s, ping_timeout_s, ping_failures)
+    ).remote(_entries(engines), ping_interval_s, ping_timeout_s, ping_failures, replicas)
     ray.get(controller.ready.remote(), timeout=START_TIMEOUT_S)
     wildcard = base.host in ("0.0.0.0", "::")
     advertise = advertise_node_ip if advertise_node_ip is not None else wildcard
