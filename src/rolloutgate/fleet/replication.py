@@ -10,7 +10,8 @@ and already holds every record.
   change (the new turn with the request id of the turn before it, the whole session when new or when the
   backup cannot take the turn, or a removal) to the session's first two live replicas other than itself, and
   returns once each answered or `SEND_TIMEOUT_S` passed: a backup that does not answer costs redundancy,
-  never the agent's turn (logged and counted).
+  never the agent's turn (logged and counted). Each target's changes go in order, in one call as many as
+  wait (a whole session is taken as it is when sent), so a copy never arrives older than a change after it.
 - A view change makes the owner of each session it holds send the whole session to a replica that became one
   of the two (the new backup, after one died).
 - A replica that (re)joins pulls, before it serves any session (`ready`), the copies its peers hold of the
@@ -41,7 +42,7 @@ log = logging.getLogger("rolloutgate.fleet")
 
 SEND_TIMEOUT_S = 5.0  # a backup slower than this is skipped for this change (the next one resends whole)
 PULL_TIMEOUT_S = 10.0  # a peer that does not hand its copies over in this long is passed over
-COPIES_PER_CALL = 64  # whole sessions per call when a view change sends many
+COPIES_PER_CALL = 64  # changes per call at most (a view change may send many whole sessions)
 
 
 @dataclass(eq=False)
@@ -56,32 +57,34 @@ class Replication:
     counts: dict[str, int] = field(default_factory=dict)
     _ready: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _background: set[asyncio.Task[Any]] = field(default_factory=set, init=False)
+    # per target, its changes waiting to be sent: a change, or a session id to send whole
+    _outboxes: dict[str, list[tuple[SessionChange | str, asyncio.Future[None]]]] = field(
+        default_factory=dict, init=False
+    )
 
     # -- the owner's side ----------------------------------------------------------------------------------------
 
     async def settle(self, session_id: str) -> None:
         """Hand the session's latest change to its other replicas (module docstring)."""
-        view = self.view()
-        targets = self._targets(view, session_id)
+        targets = self._targets(self.view(), session_id)
         if targets:
             change = self._change_of(session_id)
-            await asyncio.gather(*(self._send(view, target, [change]) for target in targets))
+            await asyncio.gather(*(self._post(target, change) for target in targets))
 
     def view_changed(self, old: FleetView, new: FleetView) -> None:
         """Send whole sessions to the replicas that became one of their two, for the sessions this one owns."""
-        sends: dict[str, list[SessionChange]] = {}
+        sent: dict[str, int] = {}
         for session_id in self.registry.session_ids():
             order = new.preference(session_id)
             if not order or order[0] != self.replica_id:
                 continue
             before = set(self._targets(old, session_id))
             for target in order[1:2]:
-                if target not in before and (copy := self.registry.copy_of(session_id)) is not None:
-                    sends.setdefault(target, []).append(copy)
-        for target, copies in sends.items():
-            log.info("replica %s: %d sessions to their new backup %s", self.replica_id, len(copies), target)
-            for start in range(0, len(copies), COPIES_PER_CALL):
-                self._spawn(self._send(new, target, copies[start : start + COPIES_PER_CALL]))
+                if target not in before:
+                    self._post(target, session_id)  # whole, as it is when it is sent
+                    sent[target] = sent.get(target, 0) + 1
+        for target, count in sent.items():
+            log.info("replica %s: %d sessions to their new backup %s", self.replica_id, count, target)
 
     def _targets(self, view: FleetView, session_id: str) -> list[str]:
         return [r for r in view.preference(session_id)[:2] if r != self.replica_id]
@@ -96,14 +99,45 @@ class Replication:
         after = copy.records[last.index - 1].request_id if last.index else None
         return TurnChange(session_id, last, after)
 
-    async def _send(self, view: FleetView, target: str, changes: Sequence[SessionChange]) -> None:
-        handle = view.handles.get(target)
+    def _whole(self, session_id: str) -> SessionChange:
+        return self.registry.copy_of(session_id) or SessionRemoved(session_id)
+
+    def _post(self, target: str, change: SessionChange | str) -> asyncio.Future[None]:
+        """Queue a change for `target` (a session id: that session whole, as it is when sent); resolved once
+        `target` took it or did not answer. Each target's changes go in order, as many per call as wait."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        outbox = self._outboxes.setdefault(target, [])
+        outbox.append((change, done))
+        if len(outbox) == 1:
+            self._spawn(self._drain(target, outbox))
+        return done
+
+    async def _drain(
+        self, target: str, outbox: list[tuple[SessionChange | str, asyncio.Future[None]]]
+    ) -> None:
+        try:
+            while outbox:
+                batch = outbox[:COPIES_PER_CALL]
+                changes = [self._whole(c) if isinstance(c, str) else c for c, _ in batch]
+                await self._send(target, changes)
+                del outbox[: len(batch)]
+                for _, done in batch:
+                    if not done.done():
+                        done.set_result(None)
+        finally:
+            for _, done in outbox:  # cancelled (the replica stops): nobody waits in vain
+                if not done.done():
+                    done.set_result(None)
+            outbox.clear()
+
+    async def _send(self, target: str, changes: Sequence[SessionChange]) -> None:
+        handle = self.view().handles.get(target)
         if handle is None:
             return
         link = self.link_of(handle)
         try:
             wanted = await link.replicate(changes, SEND_TIMEOUT_S)
-            whole = [c for sid in wanted if (c := self.registry.copy_of(sid)) is not None]
+            whole = [self._whole(sid) for sid in wanted]
             if whole:  # the backup's copy could not take a turn: the whole session instead
                 await link.replicate(whole, SEND_TIMEOUT_S)
             self._count("sent", len(changes) + len(whole))
