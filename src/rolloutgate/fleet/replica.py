@@ -73,7 +73,7 @@ class _Joining:
     """An engine this replica owns, on its way into the pool (or in it, once `task` is done)."""
 
     entry: EngineEntry
-    task: asyncio.Task[None]
+    task: asyncio.Task[None] | None  # None: in the pool already (given back while it drained)
     first_try: asyncio.Future[str | None]  # set after the first attempt: None (joined) or why not
 
 
@@ -172,7 +172,8 @@ class FleetReplica:
             await self.server.stop(grace_s)
         with contextlib.suppress(ControllerUnreachable):
             await self.controller.deregister_replica(self.replica_id, self.incarnation)
-        tasks = [j.task for j in self._joining.values()] + list(self._handing_over.values())
+        tasks = [j.task for j in self._joining.values() if j.task is not None]
+        tasks += list(self._handing_over.values())
         tasks += list(self._background)
         for task in tasks:
             task.cancel()
@@ -314,7 +315,7 @@ class FleetReplica:
         if handle is not None:  # given back while it drained: it takes work here again
             self._pool().emit(EngineDraining(engine_id=handle.engine_id, draining=False))
             first_try.set_result(None)
-            task = asyncio.create_task(asyncio.sleep(0), name=f"fleet-join-{entry.url}")
+            task = None
         else:
             task = asyncio.create_task(self._join_until_in(entry, first_try), name=f"fleet-join-{entry.url}")
         self._joining[entry.url] = _Joining(entry, task, first_try)
@@ -347,7 +348,8 @@ class FleetReplica:
 
     def _drop(self, url: str) -> None:
         joining = self._joining.pop(url)
-        joining.task.cancel()
+        if joining.task is not None:
+            joining.task.cancel()
         handle = self._pool().by_url(url)
         if handle is not None:
             self._handing_over[url] = asyncio.create_task(self._hand_over(url, handle.engine_id))
