@@ -11,7 +11,9 @@ Per fleet size it prints the replicas' CPU per million generated tokens (the sum
 each one's event-loop thread during the load, where the gateway runs, less that thread's idle CPU measured
 just before, over the tokens the answers carried; Ray's own threads are left out),
 each replica's share, and the p50 / p90 latency added to a call (fleet - direct). Flat across sizes is the goal:
-the work per token is the gateway's own, not the fleet's.
+the work per token is the gateway's own, not the fleet's. `--replicas N --serving 1 2 4`: one fleet size, the
+load on 1, 2, 4 of its replicas: the same processes, the work split differently (tells the cost of more
+processes on the machine from the cost of splitting the work).
 """
 
 from __future__ import annotations
@@ -45,6 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=96, help="calls per arm, over all clients (default 96)")
     parser.add_argument("--prompt", type=int, default=20_000, help="prompt tokens (default 20,000)")
     parser.add_argument("--decode", type=int, default=2_000, help="tokens out, with logprobs (default 2,000)")
+    parser.add_argument(
+        "--serving",
+        type=int,
+        nargs="+",
+        default=None,
+        help="one fleet of --replicas N (one size), the load on only K of its replicas for each K given: the "
+        "same processes, the work split K ways",
+    )
     args = parser.parse_args(argv)
 
     import ray
@@ -55,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     with rolloutgate_process(sim_args, "engine ", args.engines) as engines:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         try:
-            for size in args.replicas:
+            sizes = args.replicas if args.serving is None else args.replicas[:1] * len(args.serving)
+            for run, size in enumerate(sizes):
+                serving = size if args.serving is None else args.serving[run]
 
                 def engine_url(i: int) -> str:
                     return engines[i % len(engines)]
@@ -67,22 +79,27 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     _wait_for_pools(fleet, len(engines))
                     view = fleet.view()
+                    keys = [_key_at(view, f"replica-{i % serving}", i) for i in range(args.clients)]
 
-                    def owner_url(i: int, view: Any = view) -> str:
-                        return str(view.replicas[view.key_owner(f"scale-{i}")])
+                    def owner_url(i: int, view: Any = view, keys: list[str] = keys) -> str:
+                        return str(view.replicas[view.key_owner(keys[i])])
 
-                    asyncio.run(_load(args, owner_url, calls=args.clients))  # warm: connections, code paths
+                    load_args = argparse.Namespace(**{**vars(args), "keys": keys})
+                    asyncio.run(
+                        _load(load_args, owner_url, calls=args.clients)
+                    )  # warm: connections, code paths
                     idle = _cpu(fleet)
                     time.sleep(IDLE_S)
                     idle_per_s = {r: (c - idle[r]) / IDLE_S for r, c in _cpu(fleet).items()}
                     before, started = _cpu(fleet), time.monotonic()
-                    through = asyncio.run(_load(args, owner_url))
+                    through = asyncio.run(_load(load_args, owner_url))
                     spent_s = time.monotonic() - started
                     after = _cpu(fleet)
                 finally:
                     fleet.stop(grace_s=0)
                 busy = {r: after[r] - before[r] - idle_per_s[r] * spent_s for r in after}
-                _report(size, direct, through, busy, sum(idle_per_s.values()) * spent_s)
+                label = f"{size} replicas" + ("" if args.serving is None else f", {serving} serving")
+                _report(label, direct, through, busy, sum(idle_per_s.values()) * spent_s)
         finally:
             ray.shutdown()
     return 0
@@ -109,7 +126,8 @@ async def _load(args: argparse.Namespace, url_of: Any, *, calls: int | None = No
                 "return_logprob": True,
             }
         )
-        headers = {"X-SMG-Routing-Key": f"scale-{i}", "Content-Type": "application/json"}
+        key = args.keys[i] if getattr(args, "keys", None) else f"scale-{i}"
+        headers = {"X-SMG-Routing-Key": key, "Content-Type": "application/json"}
         url = f"{url_of(i)}/generate"
         while remaining > 0:
             remaining -= 1
@@ -122,6 +140,11 @@ async def _load(args: argparse.Namespace, url_of: Any, *, calls: int | None = No
     async with httpx.AsyncClient(timeout=600, limits=limits) as http:
         await asyncio.gather(*(client(i, http) for i in range(args.clients)))
     return arm
+
+
+def _key_at(view: Any, replica_id: str, client: int) -> str:
+    """A key for `client` that `replica_id` owns."""
+    return next(k for k in (f"scale-{client}-{j}" for j in range(10_000)) if view.key_owner(k) == replica_id)
 
 
 def _cpu(fleet: Fleet) -> dict[str, float]:
@@ -143,13 +166,13 @@ def _percentile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
-def _report(size: int, direct: _Arm, through: _Arm, busy: dict[str, float], idle_s: float) -> None:
+def _report(label: str, direct: _Arm, through: _Arm, busy: dict[str, float], idle_s: float) -> None:
     total = sum(busy.values())
     per_m = total / through.tokens * 1e6
     shares = ", ".join(f"{r} {s:.2f}" for r, s in sorted(busy.items()))
     added = {q: _percentile(through.latencies_ms, q) - _percentile(direct.latencies_ms, q) for q in (50, 90)}
     print(
-        f"{size} replicas: {per_m:.2f} CPU-s per M generated tokens ({total:.2f} CPU-s over "
+        f"{label}: {per_m:.2f} CPU-s per M generated tokens ({total:.2f} CPU-s over "
         f"{through.tokens:,} tokens; {shares}; idle CPU taken off {idle_s:.2f} CPU-s); added latency p50 {added[50]:+.1f} ms, p90 {added[90]:+.1f} ms "
         f"(direct p50 {_percentile(direct.latencies_ms, 50):.0f} ms, {len(through.latencies_ms)} calls)",
         flush=True,
