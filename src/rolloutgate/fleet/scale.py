@@ -72,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
                 def engine_url(i: int) -> str:
                     return engines[i % len(engines)]
 
-                asyncio.run(_load(args, engine_url, calls=args.clients))  # warm, as the fleet's arm is
-                direct = asyncio.run(_load(args, engine_url))
+                direct_keys = [f"scale-{i}" for i in range(args.clients)]
+                # warm, as the fleet's arm is
+                asyncio.run(_load(args, engine_url, direct_keys, calls=args.clients))
+                direct = asyncio.run(_load(args, engine_url, direct_keys))
                 settings = GatewaySettings(time_scale=TIME_SCALE, log_level="warning")
                 fleet = start_fleet(size, [f"sglang+{u}" for u in engines], settings, replica_num_cpus=0)
                 try:
@@ -84,15 +86,13 @@ def main(argv: list[str] | None = None) -> int:
                     def owner_url(i: int, view: Any = view, keys: list[str] = keys) -> str:
                         return str(view.replicas[view.key_owner(keys[i])])
 
-                    load_args = argparse.Namespace(**{**vars(args), "keys": keys})
-                    asyncio.run(
-                        _load(load_args, owner_url, calls=args.clients)
-                    )  # warm: connections, code paths
+                    # warm: connections, code paths
+                    asyncio.run(_load(args, owner_url, keys, calls=args.clients))
                     idle = _cpu(fleet)
                     time.sleep(IDLE_S)
                     idle_per_s = {r: (c - idle[r]) / IDLE_S for r, c in _cpu(fleet).items()}
                     before, started = _cpu(fleet), time.monotonic()
-                    through = asyncio.run(_load(load_args, owner_url))
+                    through = asyncio.run(_load(args, owner_url, keys))
                     spent_s = time.monotonic() - started
                     after = _cpu(fleet)
                 finally:
@@ -111,8 +111,9 @@ class _Arm:
         self.tokens = 0
 
 
-async def _load(args: argparse.Namespace, url_of: Any, *, calls: int | None = None) -> _Arm:
-    """`calls` /generate calls over `args.clients` concurrent rollouts; client i sends to `url_of(i)`."""
+async def _load(args: argparse.Namespace, url_of: Any, keys: list[str], *, calls: int | None = None) -> _Arm:
+    """`calls` /generate calls over `args.clients` concurrent rollouts; client i sends to `url_of(i)` with
+    routing key `keys[i]`."""
     arm, remaining = _Arm(), calls or args.calls
     prompt = list(range(1000, 1000 + args.prompt))
     limits = httpx.Limits(max_connections=args.clients, max_keepalive_connections=args.clients)
@@ -126,8 +127,7 @@ async def _load(args: argparse.Namespace, url_of: Any, *, calls: int | None = No
                 "return_logprob": True,
             }
         )
-        key = args.keys[i] if getattr(args, "keys", None) else f"scale-{i}"
-        headers = {"X-SMG-Routing-Key": key, "Content-Type": "application/json"}
+        headers = {"X-SMG-Routing-Key": keys[i], "Content-Type": "application/json"}
         url = f"{url_of(i)}/generate"
         while remaining > 0:
             remaining -= 1

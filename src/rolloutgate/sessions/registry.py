@@ -318,13 +318,7 @@ class SessionRegistry:
             )
         if record.index != ticket.base.keep_turns:
             raise ValueError(f"record index {record.index} != the ticket's turn {ticket.base.keep_turns}")
-        if self.journal is not None:
-            self.journal.turn_committed(session.session_id, record)  # durable first: it may refuse
-        keep_branch = self.limits.keep_branches
-        dropped = session._apply(record, ticket.base.keep_turns, keep_branch=keep_branch)
-        delta = _record_cost(record) - (0 if keep_branch else sum(_record_cost(r) for r in dropped))
-        session.approx_bytes += delta
-        self._bytes += delta
+        dropped = self._append(session, record, ticket.base.keep_turns)
         self._count("committed")
         if dropped:
             self._count("rolled_back", len(dropped))
@@ -349,9 +343,6 @@ class SessionRegistry:
         return SessionCopy(
             session_id=session_id, records=tuple(session.records), max_seq_len=session.max_seq_len
         )
-
-    def holds(self, session_id: str) -> bool:
-        return session_id in self._sessions
 
     def session_ids(self) -> list[str]:
         return list(self._sessions)
@@ -388,13 +379,7 @@ class SessionRegistry:
             return True  # held already (a repeated send)
         if len(records) < index or (index and records[index - 1].request_id != after):
             return False
-        if self.journal is not None:
-            self.journal.turn_committed(session_id, record)
-        keep_branch = self.limits.keep_branches
-        dropped = session._apply(record, index, keep_branch=keep_branch)
-        delta = _record_cost(record) - (0 if keep_branch else sum(_record_cost(r) for r in dropped))
-        session.approx_bytes += delta
-        self._bytes += delta
+        self._append(session, record, index)
         self._touch(session, now)
         self._count("copy_turns_taken")
         return True
@@ -445,6 +430,18 @@ class SessionRegistry:
         return f"<SessionRegistry [{len(self._sessions)} sessions, ~{self._bytes} B]>"
 
     # -- internals -----------------------------------------------------------------------------------------
+
+    def _append(self, session: Session, record: TurnRecord, keep_turns: int) -> list[TurnRecord]:
+        """Journal the record (durable first: the journal may refuse), then append it after `keep_turns`
+        turns and count its bytes; returns the turns it dropped."""
+        if self.journal is not None:
+            self.journal.turn_committed(session.session_id, record)
+        keep_branch = self.limits.keep_branches
+        dropped = session._apply(record, keep_turns, keep_branch=keep_branch)
+        delta = _record_cost(record) - (0 if keep_branch else sum(_record_cost(r) for r in dropped))
+        session.approx_bytes += delta
+        self._bytes += delta
+        return dropped
 
     def _touch(self, session: Session, now: float) -> None:
         session.last_active_at = max(session.last_active_at, now)
