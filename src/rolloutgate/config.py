@@ -7,6 +7,7 @@ simulator keeps the same numbers as in production). `None` for an optional limit
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -183,6 +184,31 @@ class GatewaySettings(BaseSettings):
     tokenizer: str | None = Field(
         default=None, description="local Hugging Face tokenizer folder for token-in-token-out sessions"
     )
+    chat_template_path: str | None = Field(
+        default=None,
+        description="with --tokenizer: a Jinja chat template file used instead of the tokenizer folder's own "
+        "(miles' --chat-template-path, e.g. its fixed Qwen3 template)",
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        description="JSON object of chat template kwargs for every session turn, under the request's own "
+        "(miles' --apply-chat-template-kwargs, e.g. '{\"enable_thinking\": false}')",
+    )
+    session_lora_path: str | None = Field(
+        default=None,
+        description="LoRA adapter name put on every session turn sent to the engine as `lora_path`, unless the "
+        "agent names one (miles with --lora-rank: the adapter being trained, not the base weights)",
+    )
+    session_routing_replay: bool = Field(
+        default=False,
+        description="ask the engine for each session turn's routed experts (`return_routed_experts`), kept in "
+        "the turn records and samples (miles' --use-rollout-routing-replay)",
+    )
+    session_indexer_replay: bool = Field(
+        default=False,
+        description="ask the engine for each session turn's DSA indexer top-k (`return_indexer_topk`; miles' "
+        "--use-rollout-indexer-replay)",
+    )
     session_max: int = Field(default=10_000, ge=1, description="sessions held at once")
     session_max_records: int = Field(default=1_000, ge=1, description="turn records per session")
     session_idle_ttl: float = Field(
@@ -267,6 +293,18 @@ class GatewaySettings(BaseSettings):
     def _budget_off(cls, value: Any) -> Any:
         if isinstance(value, str) and value.strip().lower() in ("off", "none", "derived", "auto"):
             return 0 if value.strip().lower() == "off" else None
+        return value
+
+    @field_validator("chat_template_kwargs", mode="before")
+    @classmethod
+    def _json_object(cls, value: Any) -> Any:
+        if isinstance(value, str):  # a flag's text; the environment and a config file parse it already
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not JSON: {exc}") from None
+        if value is not None and not isinstance(value, dict):
+            raise ValueError("must be a JSON object")
         return value
 
     @field_validator("trusted_networks")

@@ -219,3 +219,70 @@ def test_a_template_that_drops_earlier_reasoning_is_appended_to_as_miles_does(re
         qwen.decode(ids[len(prompt) + len(output) :])
         == "\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+def test_a_role_no_template_appends_after_an_answer_is_refused_as_miles_does(renderer: ChatRenderer) -> None:
+    first = [{"role": "user", "content": "hi"}]
+    prompt = renderer.first_prompt(first, tools=None, template_kwargs=None)
+    output = [*renderer.encode("hello"), renderer.stop_token_ids[0]]
+    echo = {"role": "assistant", "content": "hello"}
+    base = Checkpoint(turns=1, messages=(*first, echo), token_ids=[*prompt, *output], last_output_ids=output)
+    with pytest.raises(ChatTemplateError, match="role='developer'") as info:
+        renderer.continue_prompt(
+            base, [*first, echo, {"role": "developer", "content": "be brief"}], tools=None, template_kwargs=None
+        )
+    assert info.value.status == 400 and info.value.param == "messages[2].role"
+    for role in ("user", "tool"):  # roles miles lets a turn append (this template refuses a late system)
+        renderer.continue_prompt(
+            base, [*first, echo, {"role": role, "content": "x"}], tools=None, template_kwargs=None
+        )
+
+
+def test_a_chat_template_path_replaces_the_folders_template(tmp_path: Path, tokenizer_dir: Path) -> None:
+    template = tmp_path / "fixed.jinja"
+    template.write_text("{% for m in messages %}[{{ m.role }}]{% endfor %}")
+    fixed = ChatRenderer.from_dir(tokenizer_dir, chat_template_path=template)
+    assert fixed.render([{"role": "user", "content": "x"}], add_generation_prompt=False) == "[user]"
+
+
+# Qwen3's own rule, reduced: reasoning is rendered only for assistant turns after the last user query, and for
+# the last one always (as an empty block when it has none). An answer without reasoning is rendered with an
+# empty block while it is last and without one once anything follows it, so no real history is prefix-stable.
+EMPTY_THINK_WHILE_LAST = (
+    "{%- set ns = namespace(last_query=messages|length - 1) %}"
+    "{%- for message in messages %}{%- if message.role == 'user' %}{%- set ns.last_query = loop.index0 %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' and loop.index0 > ns.last_query and (loop.last or "
+    "message.reasoning_content) %}"
+    "{{ '<|im_start|>assistant\\n<think>' + (message.reasoning_content or '') + '</think>' + "
+    "(message.content or '') + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}{{ '<|im_start|>user\\n<tool_response>' + message.content + "
+    "'</tool_response><|im_end|>\\n' }}"
+    "{%- else %}{{ '<|im_start|>' + message.role + '\\n' + (message.content or '') + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_miles_stand_in_serves_a_template_that_renders_the_last_answer_differently(
+    renderer: ChatRenderer,
+) -> None:
+    """The plain user/assistant stand-in is not prefix-stable under this rule either (its assistant is after
+    the last user query); miles' system + blank-reasoning assistant stand-in is, for tool results and users."""
+    qwen = ChatRenderer(renderer.tokenizer, EMPTY_THINK_WHILE_LAST, stop_token_ids=renderer.stop_token_ids)
+    first = [{"role": "user", "content": "weather?"}]
+    prompt = qwen.first_prompt(first, tools=None, template_kwargs=None)
+    output = [*qwen.encode("<think></think>checking"), renderer.stop_token_ids[0]]
+    echo = {"role": "assistant", "content": "checking"}
+    base = Checkpoint(turns=1, messages=(*first, echo), token_ids=[*prompt, *output], last_output_ids=output)
+    for new, text in (
+        ({"role": "tool", "content": "sunny"}, "<|im_start|>user\n<tool_response>sunny</tool_response>"),
+        ({"role": "user", "content": "thanks"}, "<|im_start|>user\nthanks"),
+    ):
+        with pytest.raises(ChatTemplateError, match="prefix-stable"):
+            qwen.continue_prompt(base, [*first, echo, new], tools=None, template_kwargs=None)
+        ids = qwen.continue_prompt(
+            base, [*first, echo, new], tools=None, template_kwargs=None, rewritten_history="append"
+        )
+        assert ids[: len(base.token_ids)] == list(base.token_ids)
+        assert qwen.decode(ids[len(base.token_ids) :]) == f"\n{text}<|im_end|>\n<|im_start|>assistant\n"

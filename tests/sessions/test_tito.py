@@ -372,3 +372,21 @@ def test_lora_and_routing_replay_fields_reach_the_engine_and_the_record() -> Non
         "prompt_tokens": 3,
         "routed_experts": "AAAA",
     }  # ids and logprobs live apart
+
+
+def test_launch_defaults_go_under_the_requests_own_kwargs_and_force_engine_fields() -> None:
+    defaults = tito.TurnDefaults(
+        template_kwargs={"enable_thinking": False, "clear_thinking": False},
+        engine_fields={"lora_path": "policy", "return_routed_experts": True},
+    )
+    request = defaults.apply(
+        tito.read_chat_request(
+            {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"enable_thinking": True}}
+        )
+    )
+    assert request.template_kwargs == {"enable_thinking": True, "clear_thinking": False}
+    assert request.body["chat_template_kwargs"] == request.template_kwargs
+    body = tito.generate_body(request, [1, 2], stop_token_ids=[], default_max_tokens=8)
+    assert body["lora_path"] == "policy" and body["return_routed_experts"] is True
+    plain = tito.read_chat_request({"messages": [{"role": "user", "content": "hi"}]})
+    assert tito.TurnDefaults().apply(plain) is plain

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from aiohttp import web
 
@@ -26,6 +27,7 @@ from rolloutgate.sessions.registry import SessionLimits, SessionRegistry
 from rolloutgate.sessions.render import ChatRenderer
 from rolloutgate.sessions.service import SessionAnswer, SessionCall, SessionService, SessionSettings
 from rolloutgate.sessions.store import SessionStore
+from rolloutgate.sessions.tito import TurnDefaults
 
 __all__ = ("GatewayDispatcher", "mount_sessions")
 
@@ -94,7 +96,18 @@ def mount_sessions(app: web.Application) -> None:
 
         app.on_cleanup.append(close_store)
         ctx.extras["session_store"] = store
-    renderer = ChatRenderer.from_dir(settings.tokenizer) if settings.tokenizer else None
+    renderer = (
+        ChatRenderer.from_dir(settings.tokenizer, chat_template_path=settings.chat_template_path)
+        if settings.tokenizer
+        else None
+    )
+    engine_fields: dict[str, Any] = {}
+    if settings.session_lora_path is not None:
+        engine_fields["lora_path"] = settings.session_lora_path
+    if settings.session_routing_replay:
+        engine_fields["return_routed_experts"] = True
+    if settings.session_indexer_replay:
+        engine_fields["return_indexer_topk"] = True
     models = [e.info.max_model_len for e in ctx.pool.engines.values() if e.info.max_model_len]
     service = SessionService(
         registry,
@@ -109,6 +122,9 @@ def mount_sessions(app: web.Application) -> None:
             picker=settings.session_picker,
             samples_weight_versions=settings.samples_weight_versions,
             max_seq_len=settings.session_max_seq_len,
+            turn_defaults=TurnDefaults(
+                template_kwargs=settings.chat_template_kwargs or {}, engine_fields=engine_fields
+            ),
         ),
     )
     ctx.extras["sessions"] = service

@@ -56,7 +56,16 @@ __all__ = ("ChatRenderer", "Checkpoint", "close_overlap")
 
 _PROBE_USER = "\u2063rolloutgate-probe-user\u2063"
 _PROBE_ASSISTANT = "\u2063rolloutgate-probe-assistant\u2063"
-# A closed assistant turn to render after: without, then with a system message (templates that require one)
+# Roles a turn may append after an answer (miles' `VALID_APPEND_ROLES`): anything else (e.g. `developer`) has
+# no place after an assistant turn in the templates users train with, and miles refuses it with a 400.
+APPEND_ROLES = frozenset({"tool", "user", "system", "assistant"})
+# Closed assistant turns to render the new messages after, in order of preference. The first is miles' TITO
+# stand-in (tito_tokenizer.py `_DUMMY_SYSTEM` + `_build_dummy_assistant`): no user message, so templates that
+# render reasoning only after the last user query (Qwen3, MiniMax, DeepSeek) render the stand-in the same way
+# with and without what follows; a blank `reasoning_content` keeps a "drop empty reasoning" branch from
+# firing; the stored answer's tool calls make tool results render as answers to them. Then a plain exchange
+# without, then with a system message (templates that require a user or a system message first).
+_MILES_STAND_IN_SYSTEM: dict[str, Any] = {"role": "system", "content": "dummy system"}
 _STAND_INS: tuple[list[dict[str, Any]], ...] = (
     [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_ASSISTANT}],
     [
@@ -156,8 +165,9 @@ class ChatRenderer:
         self.close_ids = self._probe_close_ids()
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> ChatRenderer:
-        """Load `tokenizer.json` + `tokenizer_config.json` (+ `chat_template.jinja`, `generation_config.json`).
+    def from_dir(cls, path: str | Path, *, chat_template_path: str | Path | None = None) -> ChatRenderer:
+        """Load `tokenizer.json` + `tokenizer_config.json` (+ `chat_template.jinja`, `generation_config.json`);
+        a `chat_template_path` file replaces the folder's template (miles' `--chat-template-path`).
 
         Raises ValueError when the folder lacks a tokenizer or a chat template; ImportError without `tokenizers`.
         """
@@ -171,6 +181,8 @@ class ChatRenderer:
         template: Any = config.get("chat_template")
         if (folder / "chat_template.jinja").is_file():
             template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+        if chat_template_path is not None:
+            template = Path(chat_template_path).read_text(encoding="utf-8")
         if isinstance(template, list):
             template = {entry["name"]: entry["template"] for entry in template}
         if not template:
@@ -257,6 +269,13 @@ class ChatRenderer:
         earlier turns as they were generated, not as the template would render them now."""
         if base.turns == 0:
             return self.first_prompt(messages, tools=tools, template_kwargs=template_kwargs)
+        for at, message in enumerate(messages[len(base.messages) :], start=len(base.messages)):
+            if message.get("role") not in APPEND_ROLES:
+                raise ChatTemplateError(
+                    f"appended message at index {at} has role={message.get('role')!r}; after an answer a turn "
+                    f"may append only {sorted(APPEND_ROLES)}",
+                    param=f"messages[{at}].role",
+                )
         full = self.render(messages, tools=tools, add_generation_prompt=True, template_kwargs=template_kwargs)
         head = self.render(
             messages[: len(base.messages)],
@@ -266,7 +285,10 @@ class ChatRenderer:
         )
         suffix: str | None = full[len(head) :] if full.startswith(head) else None
         if suffix is None and rewritten_history == "append":
-            suffix = self._suffix_after_stand_in(messages[len(base.messages) :], tools, template_kwargs)
+            answer = base.messages[-1] if base.messages else {}
+            suffix = self._suffix_after_stand_in(
+                messages[len(base.messages) :], list(answer.get("tool_calls") or []), tools, template_kwargs
+            )
         if suffix is None:
             at = next((i for i, (a, b) in enumerate(zip(full, head, strict=False)) if a != b), len(full))
             raise ChatTemplateError(
@@ -280,12 +302,17 @@ class ChatRenderer:
     def _suffix_after_stand_in(
         self,
         new_messages: Sequence[dict[str, Any]],
+        answer_tool_calls: list[Any],
         tools: list[Any] | None,
         template_kwargs: dict[str, Any] | None,
     ) -> str | None:
-        """What the template renders for `new_messages` after a closed assistant turn of a fixed two-message
-        history (the probe's), or None if that is not prefix-stable either (a template that rewrites all)."""
-        for stand_in in _STAND_INS:
+        """What the template renders for `new_messages` after a closed assistant turn of a fixed stand-in
+        history, or None if none is prefix-stable either (a template that rewrites everything)."""
+        miles_stand_in = [
+            _MILES_STAND_IN_SYSTEM,
+            {"role": "assistant", "content": "", "reasoning_content": " ", "tool_calls": answer_tool_calls},
+        ]
+        for stand_in in (miles_stand_in, *_STAND_INS):
             try:
                 head = self.render(
                     stand_in, tools=tools, add_generation_prompt=False, template_kwargs=template_kwargs

@@ -102,6 +102,7 @@ class SessionSettings:
     picker: Picker = "drop_retries"
     samples_weight_versions: WeightVersionsWire = "spans"
     max_seq_len: int | None = None  # the token budget of a session created without one (none: no budget)
+    turn_defaults: tito.TurnDefaults = field(default_factory=tito.TurnDefaults)  # the launch flags' share
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -221,7 +222,7 @@ class SessionService:
     async def chat(self, session_id: str, body: Any, headers: Mapping[str, str] | None = None) -> ChatOutcome:
         """Run one chat turn of a session. Raises GatewayError subclasses (session and gateway errors; a turn
         whose prompt fills its token budget: 400 context_length_exceeded, from the dispatcher)."""
-        request = tito.read_chat_request(body)
+        request = self.settings.turn_defaults.apply(tito.read_chat_request(body))
         headers = CIMultiDict(headers or {})  # names without case, as HTTP's, whoever hands them over
         header_budget = token_budget.header_budget(headers)
         keys = [message_key(m) for m in request.messages]

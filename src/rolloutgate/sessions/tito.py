@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = (
     "ChatRequest",
     "EngineTurn",
+    "TurnDefaults",
     "completion_chunks",
     "completion_from_turn",
     "generate_body",
@@ -99,6 +100,26 @@ class EngineTurn:
     weight_version: str | None = None
     top_logprobs: list[list[tuple[float, int]]] | None = None
     meta_info: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnDefaults:
+    """What the gateway's launch flags put on every session turn, as miles' session server does from its
+    `args`: chat template kwargs (`--apply-chat-template-kwargs`; a request's own keys win, as miles' merge
+    does), and top-level engine fields forced on (`lora_path` for LoRA rollouts, `return_routed_experts` and
+    `return_indexer_topk` for routing replay)."""
+
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    engine_fields: Mapping[str, Any] = field(default_factory=dict)
+
+    def apply(self, request: ChatRequest) -> ChatRequest:
+        if not self.template_kwargs and not self.engine_fields:
+            return request
+        kwargs = {**self.template_kwargs, **(request.template_kwargs or {})} or None
+        body = {**request.body, **self.engine_fields}
+        if kwargs is not None:
+            body["chat_template_kwargs"] = kwargs
+        return replace(request, body=body, template_kwargs=kwargs)
 
 
 def read_chat_request(body: Any) -> ChatRequest:
