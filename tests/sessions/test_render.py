@@ -229,7 +229,10 @@ def test_a_role_no_template_appends_after_an_answer_is_refused_as_miles_does(ren
     base = Checkpoint(turns=1, messages=(*first, echo), token_ids=[*prompt, *output], last_output_ids=output)
     with pytest.raises(ChatTemplateError, match="role='developer'") as info:
         renderer.continue_prompt(
-            base, [*first, echo, {"role": "developer", "content": "be brief"}], tools=None, template_kwargs=None
+            base,
+            [*first, echo, {"role": "developer", "content": "be brief"}],
+            tools=None,
+            template_kwargs=None,
         )
     assert info.value.status == 400 and info.value.param == "messages[2].role"
     for role in ("user", "tool"):  # roles miles lets a turn append (this template refuses a late system)

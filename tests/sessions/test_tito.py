@@ -381,7 +381,10 @@ def test_launch_defaults_go_under_the_requests_own_kwargs_and_force_engine_field
     )
     request = defaults.apply(
         tito.read_chat_request(
-            {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"enable_thinking": True}}
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "chat_template_kwargs": {"enable_thinking": True},
+            }
         )
     )
     assert request.template_kwargs == {"enable_thinking": True, "clear_thinking": False}
