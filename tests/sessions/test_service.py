@@ -427,6 +427,7 @@ class ChatEngine:
                         "weight_version": "v7",
                         "finish_reason": {"type": "stop", "matched": output[-1]},
                         "output_token_logprobs": [[-0.25, t, None] for t in output],
+                        "routed_experts": "AAAA",  # a replay payload: for the record, not the agent
                     },
                 }
             ],
@@ -465,7 +466,8 @@ async def test_the_chat_route_sends_the_gateways_ids_and_keeps_the_engines_parse
     assert outcome.completion is not None
     reply = outcome.completion["choices"][0]["message"]
     assert reply["tool_calls"][0]["function"]["name"] == "get_weather"  # the engine's parser, kept
-    assert "meta_info" not in outcome.completion["choices"][0]  # not asked for: stripped
+    meta = outcome.completion["choices"][0]["meta_info"]  # kept for the agent, as miles' session server does
+    assert meta["weight_version"] == "v7" and "routed_experts" not in meta  # less the replay payloads
     (record,) = service.registry.get(session_id, clock.now()).records
     assert record.prompt_new_ids.tolist() == expected
     assert record.output_ids.tolist() == [*renderer.encode(TOOL_CALL % "Paris"), *renderer.stop_token_ids[:1]]
@@ -495,3 +497,20 @@ async def test_a_sessions_end_is_told_when_deleted_sampled_or_expired(clock: Man
     clock.advance(61.0)
     service.expire()
     assert sorted(ended[2:]) == sorted([sampled, idle])  # sampled, it stays readable until it idles out
+
+
+async def test_the_chat_route_takes_the_ids_it_sent_when_the_engine_reports_no_prompt_tokens(
+    clock: ManualClock, renderer: ChatRenderer
+) -> None:
+    """miles' MockSGLangServer (and any engine whose chat answer has no `meta_info.prompt_tokens`)."""
+
+    class Silent(ChatEngine):
+        async def __call__(self, call: SessionCall) -> SessionAnswer:
+            answer = orjson.loads((await super().__call__(call)).body)
+            del answer["choices"][0]["meta_info"]["prompt_tokens"]
+            return SessionAnswer(status=200, body=orjson.dumps(answer), engine_id="engine-0")
+
+    service = chat_route_service(Silent(renderer), clock, renderer)
+    session_id = service.create()
+    outcome = await service.chat(session_id, chat_body([{"role": "user", "content": "weather in Paris?"}]))
+    assert outcome.status == 200 and outcome.recorded

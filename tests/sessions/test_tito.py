@@ -393,3 +393,9 @@ def test_launch_defaults_go_under_the_requests_own_kwargs_and_force_engine_field
     assert body["lora_path"] == "policy" and body["return_routed_experts"] is True
     plain = tito.read_chat_request({"messages": [{"role": "user", "content": "hi"}]})
     assert tito.TurnDefaults().apply(plain) is plain
+
+
+def test_a_chat_answer_without_a_message_is_a_bad_gateway() -> None:
+    with pytest.raises(EngineAnswerInvalid, match="no message") as info:
+        tito.parse_chat_answer({"choices": [{"index": 0, "message": None, "finish_reason": "stop"}]})
+    assert info.value.status == 502

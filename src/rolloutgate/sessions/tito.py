@@ -388,6 +388,8 @@ def parse_chat_answer(answer: Any) -> EngineTurn:
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise EngineAnswerInvalid("the engine's chat answer has no choices")
     choice = choices[0]
+    if not isinstance(choice.get("message"), dict):  # nothing to answer the agent with, or to record
+        raise EngineAnswerInvalid("the engine's chat answer has no message")
     meta = choice.get("meta_info") if isinstance(choice.get("meta_info"), dict) else None
     ids: list[int] = []
     logprobs: list[float] = []
@@ -423,8 +425,16 @@ def parse_chat_answer(answer: Any) -> EngineTurn:
     )
 
 
-def strip_chat_answer(answer: dict[str, Any], request: ChatRequest) -> dict[str, Any]:
-    """The engine's chat answer without what the gateway asked for on the agent's behalf."""
+# Routing-replay payloads (one row per token, per layer): for the training record, never for the agent (miles'
+# `_CLIENT_STRIPPED_META_KEYS`).
+_REPLAY_META_KEYS = ("routed_experts", "indexer_topk")
+
+
+def strip_chat_answer(
+    answer: dict[str, Any], request: ChatRequest, *, keep_meta_info: bool = False
+) -> dict[str, Any]:
+    """The engine's chat answer without what the gateway asked for on the agent's behalf. `keep_meta_info`:
+    the agent gets `meta_info` whether it asked or not, less the replay payloads (miles' TITO chat answer)."""
     out = {
         k: v for k, v in answer.items() if request.wants_token_ids or k not in ("prompt_token_ids", "sglext")
     }
@@ -433,8 +443,11 @@ def strip_chat_answer(answer: dict[str, Any], request: ChatRequest) -> dict[str,
         kept = dict(choice)
         if not request.wants_logprobs:
             kept["logprobs"] = None
-        if not request.wants_meta_info:
+        meta = kept.get("meta_info")
+        if not (request.wants_meta_info or keep_meta_info):
             kept.pop("meta_info", None)
+        elif isinstance(meta, dict) and any(key in meta for key in _REPLAY_META_KEYS):
+            kept["meta_info"] = {k: v for k, v in meta.items() if k not in _REPLAY_META_KEYS}
         if not request.wants_token_ids:
             for key in ("prompt_token_ids", "response_token_ids", "token_ids"):
                 kept.pop(key, None)
