@@ -17,6 +17,7 @@ from rolloutgate.sessions.errors import (
     SessionNotFound,
     SessionRecordLimit,
     SessionsFull,
+    TruncatedGeneration,
 )
 from rolloutgate.sessions.messages import message_key, tools_key
 from rolloutgate.sessions.record import ids_array
@@ -426,3 +427,57 @@ def test_a_dropped_copy_is_gone_without_a_tombstone(clock: ManualClock, record: 
     with pytest.raises(SessionNotFound):
         held.get(sid, clock.now())
     assert held.stats().approx_bytes == 0
+
+
+def test_tree_sessions_branch_from_the_root_and_from_deep_turns_as_miles_v2_does(
+    clock: ManualClock, record: Any
+) -> None:
+    """miles' v2 opens a new root for a first message that differs and branches at any depth; a linear session
+    refuses both (test_plan_turn_rules)."""
+    reg = registry(keep_branches=True)
+    session = reg.create(clock.now())
+    sid = session.session_id
+    no_tools = tools_key(None, None)
+    history: list[dict[str, Any]] = []
+    for turn in range(3):
+        new = [{"role": "user", "content": f"turn {turn}"}]
+        commit(reg, clock, sid, record(turn, messages_from=len(history), new_messages=new, reply=f"a{turn}"))
+        history = [*history, *new, {"role": "assistant", "content": f"a{turn}"}]
+    deep = [*history[:2], {"role": "user", "content": "another turn 1"}]  # shares only turn 0's state
+    plan = reg.plan_turn(session, deep, _keys(deep), no_tools, strict=True)
+    assert (plan.kind, plan.keep_turns, plan.messages_from) == (TurnKind.ROLLBACK, 1, 2)
+    root = [{"role": "user", "content": "a new task"}]
+    plan = reg.plan_turn(session, root, _keys(root), no_tools, strict=True)
+    assert (plan.kind, plan.keep_turns, plan.messages_from) == (TurnKind.ROLLBACK, 0, 0)
+    with pytest.raises(SessionDiverged):  # the same requests, on a linear session
+        registry().plan_turn(_three_turns(clock, record), root, _keys(root), no_tools, strict=True)
+
+
+def _three_turns(clock: ManualClock, record: Any) -> Any:
+    reg = registry()
+    session = reg.create(clock.now())
+    history = 0
+    for turn in range(3):
+        commit(reg, clock, session.session_id, record(turn, messages_from=history))
+        history += 2
+    return session
+
+
+def test_a_tree_session_refuses_to_extend_a_turn_cut_off_at_length_but_retries_it(
+    clock: ManualClock, record: Any
+) -> None:
+    reg = registry(keep_branches=True)
+    session = reg.create(clock.now())
+    user0 = [{"role": "user", "content": "turn 0"}]
+    cut = dataclasses.replace(record(0, new_messages=user0, reply="a0"), finish_reason="length")
+    commit(reg, clock, session.session_id, cut)
+    no_tools = tools_key(None, None)
+    onward = [*user0, {"role": "assistant", "content": "a0"}, {"role": "user", "content": "go on"}]
+    with pytest.raises(TruncatedGeneration) as info:
+        reg.plan_turn(session, onward, _keys(onward), no_tools, strict=True)
+    assert info.value.status == 409 and info.value.code == "truncated_generation"
+    assert reg.plan_turn(session, user0, _keys(user0), no_tools, strict=True).kind is TurnKind.RETRY
+    linear = registry()  # a linear session extends it, as miles' v1 does
+    plain = linear.create(clock.now())
+    commit(linear, clock, plain.session_id, cut)
+    assert linear.plan_turn(plain, onward, _keys(onward), no_tools, strict=True).kind is TurnKind.EXTEND

@@ -37,6 +37,7 @@ __all__ = (
     "SessionRecordLimit",
     "SessionStoreUnavailable",
     "SessionsFull",
+    "TruncatedGeneration",
     "UnsupportedInSession",
 )
 
@@ -65,6 +66,15 @@ class SessionConflict(GatewayError):
     default_status = 409
     openai_type = "invalid_request_error"
     default_code = "session_busy"
+
+
+class TruncatedGeneration(GatewayError):
+    """miles' v2 409: a tree session's turn cut off at `length` has no closed answer to extend (retry it, or
+    branch from an earlier turn)."""
+
+    default_status = 409
+    openai_type = "invalid_request_error"
+    default_code = "truncated_generation"
 
 
 class SamplesUnassemblable(GatewayError):

@@ -14,6 +14,9 @@ The rules for a session holding n turns, whose state S_n is turn n's request mes
 - RETRY: the messages equal turn n's request messages: the last turn is retried; it replaces turn n;
 - ROLLBACK: n >= 2 and the messages start with S_{n-1}: the agent re-ran from the turn before (a different
   tool result, say); it replaces turn n. At most one turn is ever rolled back;
+- tree sessions (`keep_branches`, miles' v2) also branch deeper: from the deepest earlier turn whose state
+  the messages start with, or from the root when even the first messages differ; and a turn may not extend
+  one cut off at `length` (`TruncatedGeneration`, 409, as miles answers), only retry it;
 - otherwise, with a tokenizer (strict): `SessionDiverged` (400); without one (recorded mode) the turn is
   recorded anyway (RESTART), and its trajectory shows where the chain broke.
 A rollback takes effect at commit: if the retried turn fails, the old turn stays.
@@ -62,6 +65,7 @@ from rolloutgate.sessions.errors import (
     SessionNotFound,
     SessionRecordLimit,
     SessionsFull,
+    TruncatedGeneration,
 )
 from rolloutgate.sessions.messages import describe_difference, first_difference
 from rolloutgate.sessions.record import TurnRecord
@@ -234,6 +238,25 @@ class SessionRegistry:
 
         Raises SessionDiverged when `strict` and the request neither extends nor retries the session.
         """
+        base = self._plan(session, messages, keys, tools_key, strict=strict)
+        cut = session.records[base.keep_turns - 1] if base.keep_turns else None
+        if self.limits.keep_branches and base.kind is not TurnKind.RETRY and cut and cut.finish_reason == "length":
+            self._count("truncated")
+            raise TruncatedGeneration(
+                f"turn {base.keep_turns - 1} of session {session.session_id} was cut off at its length limit: "
+                "its answer cannot be extended (retry that turn, or branch from an earlier one)"
+            )
+        return base
+
+    def _plan(
+        self,
+        session: Session,
+        messages: Sequence[dict[str, Any]],
+        keys: Sequence[bytes],
+        tools_key: bytes,
+        *,
+        strict: bool,
+    ) -> TurnBase:
         records = session.records
         n = len(records)
         if n == 0:
@@ -252,6 +275,10 @@ class SessionRegistry:
             and _common_prefix(keys, previous_keys) == len(previous_keys)
         ):
             return TurnBase(kind=TurnKind.ROLLBACK, keep_turns=n - 1, messages_from=len(previous_keys))
+        if self.limits.keep_branches:
+            branch = _deepest_branch_point(session, keys, tools_key)
+            if branch is not None:
+                return branch
         shared = _common_prefix(keys, state_keys)
         if not strict:
             return TurnBase(kind=TurnKind.RESTART, keep_turns=n, messages_from=shared)
@@ -473,6 +500,20 @@ class SessionRegistry:
             return False
         self._evict(victim, reason)
         return True
+
+
+def _deepest_branch_point(session: Session, keys: Sequence[bytes], tools_key: bytes) -> TurnBase | None:
+    """Tree sessions (miles' v2): the deepest earlier turn whose state the messages extend, as a branch from
+    there (turn 0: a new root, for a request whose first messages differ); None if only the last two turns
+    could be (the linear rules above already judged those)."""
+    records = session.records
+    for keep in range(len(records) - 2, -1, -1):
+        if keep and records[keep - 1].tools_key != tools_key:
+            continue
+        state_keys = session.state_after(keep)[1]
+        if _common_prefix(keys, state_keys) == len(state_keys):
+            return TurnBase(kind=TurnKind.ROLLBACK, keep_turns=keep, messages_from=len(state_keys))
+    return None
 
 
 def _record_cost(record: TurnRecord) -> int:
