@@ -240,7 +240,12 @@ class SessionRegistry:
         """
         base = self._plan(session, messages, keys, tools_key, strict=strict)
         cut = session.records[base.keep_turns - 1] if base.keep_turns else None
-        if self.limits.keep_branches and base.kind is not TurnKind.RETRY and cut and cut.finish_reason == "length":
+        if (
+            self.limits.keep_branches
+            and base.kind is not TurnKind.RETRY
+            and cut
+            and cut.finish_reason == "length"
+        ):
             self._count("truncated")
             raise TruncatedGeneration(
                 f"turn {base.keep_turns - 1} of session {session.session_id} was cut off at its length limit: "

@@ -163,6 +163,11 @@ class ChatRenderer:
         self.special_tokens = dict(special_tokens or {})
         self.stop_token_ids = tuple(stop_token_ids)
         self.close_ids = self._probe_close_ids()
+        # tokens that delimit messages and roles (miles' comparator segments at these)
+        self.special_ids = frozenset(
+            token_id for token_id, added in tokenizer.get_added_tokens_decoder().items() if added.special
+        )
+        self.assistant_opener = self._probe_assistant_opener()
 
     @classmethod
     def from_dir(cls, path: str | Path, *, chat_template_path: str | Path | None = None) -> ChatRenderer:
@@ -340,6 +345,18 @@ class ChatRenderer:
             if at >= 0:
                 return tuple(self.encode(text[at + len(_PROBE_ASSISTANT) :]))
         return ()
+
+    def _probe_assistant_opener(self) -> str:
+        """The text that opens an assistant turn (the generation prompt, ChatML: `<|im_start|>assistant`)."""
+        for probe in _STAND_INS:
+            try:
+                head = self.render(probe[:-1], add_generation_prompt=False)
+                full = self.render(probe[:-1], add_generation_prompt=True)
+            except ChatTemplateError:
+                continue
+            if full.startswith(head):
+                return full[len(head) :].rstrip()
+        return ""
 
     def __repr__(self) -> str:
         return f"<ChatRenderer {self.name} close={list(self.close_ids)} stop={list(self.stop_token_ids)}>"

@@ -14,6 +14,7 @@ unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 import uuid
@@ -29,7 +30,14 @@ from rolloutgate.core.clock import Clock
 from rolloutgate.core.timing import TimingBreakdown
 from rolloutgate.errors import BadRequest
 from rolloutgate.sessions import tito
-from rolloutgate.sessions.errors import EngineAnswerInvalid, SessionConflict, SessionEvicted, SessionNotFound
+from rolloutgate.sessions.describe import token_mismatch, tree_metadata
+from rolloutgate.sessions.errors import (
+    ChatTemplateError,
+    EngineAnswerInvalid,
+    SessionConflict,
+    SessionEvicted,
+    SessionNotFound,
+)
 from rolloutgate.sessions.messages import message_key, tools_key
 from rolloutgate.sessions.record import (
     TurnRecord,
@@ -155,20 +163,43 @@ class SessionService:
         """`GET /sessions/{id}`: miles' shape (`session_id`, `records`, `metadata`) plus token metadata."""
         session = self.registry.get(session_id, self.clock.now())
         ids = session.token_ids
+        metadata: dict[str, Any] = {
+            "accumulated_token_ids": ids.tolist(),
+            "num_turns": session.turns,
+            "num_tokens": len(ids),
+            "tokenized_by_gateway": self.renderer is not None,
+            "turns_in_flight": len(session.in_flight),
+            "approx_bytes": session.approx_bytes,
+            "max_trim_tokens": 0,  # miles field: the gateway never trims ids
+            "max_seq_len": session.max_seq_len,
+        }
+        if self.renderer is not None and session.records:
+            last = session.records[-1].request
+            messages, _ = session.state_after(session.turns)
+            # as miles: a comparison that cannot be made is left out, not an error
+            with contextlib.suppress(ChatTemplateError):
+                metadata["tito_session_mismatch"] = token_mismatch(
+                    self.renderer,
+                    messages,
+                    ids,
+                    tools=last.get("tools"),
+                    template_kwargs=last.get("chat_template_kwargs"),
+                )
+        if self.settings.tree:
+            metadata["tree"] = tree_metadata(self._tree_paths(session))
         return {
             "session_id": session_id,
             "records": expand_records(session.records, full_prompt_ids=full_prompt_ids),
-            "metadata": {
-                "accumulated_token_ids": ids.tolist(),
-                "num_turns": session.turns,
-                "num_tokens": len(ids),
-                "tokenized_by_gateway": self.renderer is not None,
-                "turns_in_flight": len(session.in_flight),
-                "approx_bytes": session.approx_bytes,
-                "max_trim_tokens": 0,  # miles field: the gateway never trims ids
-                "max_seq_len": session.max_seq_len,
-            },
+            "metadata": metadata,
         }
+
+    @staticmethod
+    def _tree_paths(session: Session) -> list[TreePath]:
+        """Every leaf's path of a tree session: the branches it moved away from, then the current one."""
+        return [
+            *(TreePath(b.records, b.seqs) for b in session.branches),
+            TreePath(session.records, session.seqs),
+        ]
 
     def delete(self, session_id: str) -> None:
         self.registry.delete(session_id, self.clock.now())
@@ -200,10 +231,8 @@ class SessionService:
         session = self.registry.get(session_id, self.clock.now())
         decode = self.renderer.decode if self.renderer is not None else None
         if self.settings.tree:
-            paths = [TreePath(b.records, b.seqs) for b in session.branches]
-            paths.append(TreePath(session.records, session.seqs))
             result = assemble_tree(
-                paths,
+                self._tree_paths(session),
                 max_seq_len=max_seq_len,
                 decode=decode,
                 picker=self.settings.picker,
