@@ -62,10 +62,17 @@ def token_mismatch(
     *,
     tools: list[Any] | None,
     template_kwargs: dict[str, Any] | None,
+    add_generation_prompt: bool = False,
 ) -> list[dict[str, Any]]:
-    """miles' `Mismatch.to_dict()` list (empty: the ids are what the template renders)."""
+    """miles' `Mismatch.to_dict()` list (empty: the ids are what the template renders). With
+    `add_generation_prompt`, `token_ids` are a next turn's prompt rather than a session's ids."""
     expected = renderer.encode(
-        renderer.render(messages, tools=tools, add_generation_prompt=False, template_kwargs=template_kwargs)
+        renderer.render(
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            template_kwargs=template_kwargs,
+        )
     )
     # a stop token the engine generated, or the close text after it, has no fixed place at the very end
     trailing = {*renderer.stop_token_ids, *renderer.close_ids}

@@ -223,15 +223,21 @@ class ChatRenderer:
         template = self._templates.get("tool_use") if tools else None
         template = template or self._templates["default"]
         context = {**self.special_tokens, **(template_kwargs or {})}
-        try:
-            return template.render(
-                messages=list(messages),
-                tools=tools or None,
-                add_generation_prompt=add_generation_prompt,
-                **context,
-            )
-        except jinja2.TemplateError as exc:
-            raise ChatTemplateError(f"the chat template failed on these messages: {exc}") from exc
+        normalized = _as_templates_expect(messages)
+        # Most templates index tool-call arguments as objects; some (DeepSeek-V3.1) concatenate them as the JSON
+        # text they came as: the messages as given are the second try.
+        for attempt in (normalized, list(messages)) if normalized != messages else (normalized,):
+            try:
+                return template.render(
+                    messages=attempt,
+                    tools=tools or None,
+                    add_generation_prompt=add_generation_prompt,
+                    **context,
+                )
+            # a template is a program: whatever it raises on these messages is theirs to fix, never a 500
+            except Exception as exc:
+                failure = exc
+        raise ChatTemplateError(f"the chat template failed on these messages: {failure}") from failure
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; special tokens written in it are recognized, none are added."""
@@ -302,7 +308,13 @@ class ChatRenderer:
                 "reused exactly (a template that rewrites earlier turns cannot serve token-in-token-out sessions)"
             )
         bridge = list(self.close_ids[close_overlap(base.last_output_ids, self.close_ids) :])
-        return [*base.token_ids, *bridge, *self.encode(suffix)]
+        following = self.encode(suffix)
+        # GLM's way: the stop token the engine generated (`<|observation|>`, `<|user|>`) is the next message's
+        # opening token itself, so the session's ids already hold it (miles trims it instead: max_trim_tokens)
+        last = base.last_output_ids[-1] if base.last_output_ids else None
+        if not bridge and following and last in self.stop_token_ids and following[0] == last:
+            del following[0]
+        return [*base.token_ids, *bridge, *following]
 
     def _suffix_after_stand_in(
         self,
@@ -347,19 +359,55 @@ class ChatRenderer:
         return ()
 
     def _probe_assistant_opener(self) -> str:
-        """The text that opens an assistant turn (the generation prompt, ChatML: `<|im_start|>assistant`)."""
+        """The text that opens every assistant turn (ChatML: `<|im_start|>assistant`): what the generation
+        prompt and an earlier answer's rendering share (the prompt may open reasoning, `<think>`; an earlier
+        answer may have had its reasoning dropped)."""
         for probe in _STAND_INS:
+            question = probe[:-1]
             try:
-                head = self.render(probe[:-1], add_generation_prompt=False)
-                full = self.render(probe[:-1], add_generation_prompt=True)
+                head = self.render(question, add_generation_prompt=False)
+                prompt = self.render(question, add_generation_prompt=True)
+                answered = self.render([*probe, question[-1]], add_generation_prompt=False)
             except ChatTemplateError:
                 continue
-            if full.startswith(head):
-                return full[len(head) :].rstrip()
+            if prompt.startswith(head) and answered.startswith(head):
+                opens, earlier = prompt[len(head) :], answered[len(head) :]
+                shared = next(
+                    (i for i, (a, b) in enumerate(zip(opens, earlier, strict=False)) if a != b), len(opens)
+                )
+                return opens[:shared].rstrip()
         return ""
 
     def __repr__(self) -> str:
         return f"<ChatRenderer {self.name} close={list(self.close_ids)} stop={list(self.stop_token_ids)}>"
+
+
+def _as_templates_expect(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Assistant messages as Hugging Face templates index them (SGLang's and miles' normalisation): tool call
+    arguments as objects (GLM and MiniMax iterate `arguments | items`), content "" for none. Messages that need
+    nothing are passed as they are (histories are long)."""
+    out = list(messages)
+    for at, message in enumerate(out):
+        if message.get("role") != "assistant":
+            continue
+        calls = message.get("tool_calls")
+        parsed = [_with_object_arguments(call) for call in calls] if isinstance(calls, list) else calls
+        if message.get("content") is None or parsed != calls:
+            out[at] = {**message, "content": message.get("content") or "", "tool_calls": parsed}
+            if parsed is None:
+                del out[at]["tool_calls"]
+    return out
+
+
+def _with_object_arguments(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(arguments := function.get("arguments"), str):
+        return call
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError:
+        return call  # left as the model wrote it: a template that needs an object fails, with a 400
+    return {**call, "function": {**function, "arguments": value}} if isinstance(value, dict) else call
 
 
 def _read_json(path: Path) -> dict[str, Any]:
