@@ -11,11 +11,13 @@ import contextlib
 import math
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from rolloutgate.sim.cluster import SimCluster
 from rolloutgate.sim.faults import parse_fault_flag
 from rolloutgate.sim.profiles import PROFILES
+from rolloutgate.vocabulary import folder_vocab_size
 
 __all__ = ("add_arguments", "run")
 
@@ -39,6 +41,7 @@ _OVERRIDES: dict[str, tuple[str, type, str, float]] = {
     "--decode-per-ktoken-ms": ("decode_per_ktoken_s", float, "decode step: per 1K context tokens (ms)", 1e-3),
     "--kv-capacity": ("kv_capacity_tokens", int, "KV cache capacity in tokens", 1.0),
     "--context-len": ("context_len", int, "context length", 1.0),
+    "--vocab-size": ("vocab_size", int, "token ids it takes (default 151,936, or --tokenizer's)", 1.0),
     "--default-max-new-tokens": ("default_max_new_tokens", int, "max tokens when a request sets none", 1.0),
     "--stop-fraction": ("stop_fraction", float, "share of requests that stop early with EOS", 1.0),
     "--weight-update-s": ("weight_update_s", float, "duration of a weight update (simulated s)", 1.0),
@@ -69,6 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin-port", type=int, default=None, help="cluster admin server (0: any)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-prefix-cache", action="store_true", help="disable the prefix cache")
+    parser.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        default=None,
+        help="the model or tokenizer folder it plays: its vocabulary (config.json's vocab_size, else the "
+        "tokenizer's length) and the model path it reports",
+    )
     parser.add_argument(
         "--no-output-cost",
         action="store_true",
@@ -102,6 +112,12 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     if args.no_output_cost:
         out["output_bytes_per_s"] = math.inf
         out["output_chunk_s"] = 0.0
+    if args.tokenizer:
+        out["model_path"] = str(Path(args.tokenizer).resolve())
+        if "vocab_size" not in out:  # --vocab-size wins
+            out["vocab_size"] = folder_vocab_size(args.tokenizer)
+            if out["vocab_size"] is None:
+                raise SystemExit(f"--tokenizer {args.tokenizer}: no config.json vocab_size or tokenizer.json")
     return out
 
 

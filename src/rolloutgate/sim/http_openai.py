@@ -123,6 +123,7 @@ class OpenAIRoutes:
             ignore_eos=params.ignore_eos,
             stop_fraction=engine.config.stop_fraction,
             wants_logprobs=params.logprobs,
+            vocab_size=engine.config.vocab_size,
         )
         req.listener = listener
         if params.stream:

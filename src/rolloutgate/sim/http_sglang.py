@@ -117,6 +117,7 @@ class SGLangRoutes:
             ignore_eos=params.ignore_eos,
             stop_fraction=self.config.stop_fraction,
             wants_logprobs=params.logprobs,
+            vocab_size=self.config.vocab_size,
         )
         req.listener = listener
         return req
@@ -348,8 +349,8 @@ class SGLangRoutes:
     def server_args(self) -> dict[str, Any]:
         config = self.config
         return {
-            "model_path": config.served_model_name,
-            "tokenizer_path": config.served_model_name,
+            "model_path": config.model_path or config.served_model_name,
+            "tokenizer_path": config.model_path or config.served_model_name,
             "served_model_name": config.served_model_name,
             "context_length": config.context_len,
             "max_running_requests": config.max_running_requests,
@@ -390,19 +391,24 @@ class SGLangRoutes:
                 }
             ],
             "version": VERSION,
+            # no real SGLang states its vocabulary (0.5.9: the gateway reads `model_path`'s config.json); the
+            # simulator does, so the gateway learns it from a simulator without a model folder too
+            "vocab_size": config.vocab_size,
             "simulator": {"profile": config.profile, "time_scale": self.engine.clock.scale},
         }
         return json_response(info)
 
     async def model_info(self, _request: web.Request) -> web.Response:
-        name = self.config.served_model_name
+        config = self.config
+        path = config.model_path or config.served_model_name
         return json_response(
             {
-                "model_path": name,
-                "tokenizer_path": name,
-                "served_model_name": name,
+                "model_path": path,
+                "tokenizer_path": path,
+                "served_model_name": config.served_model_name,
                 "is_generation": True,
                 "weight_version": self.engine.weight_version,
+                "vocab_size": config.vocab_size,  # the simulator's own, as in /server_info
             }
         )
 

@@ -55,10 +55,12 @@ class VLLMRoutes:
             "object": "model",
             "created": self.started_at,
             "owned_by": "vllm",
-            "root": name,
+            "root": self.config.model_path or name,  # vLLM's: the model's path
             "parent": None,
             "max_model_len": self.config.context_len,
             "permission": [],
+            # no real vLLM states its vocabulary (the gateway reads `root`'s config.json); the simulator does
+            "vocab_size": self.config.vocab_size,
         }
         return json_response({"object": "list", "data": [card]})
 

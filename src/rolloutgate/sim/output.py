@@ -46,7 +46,7 @@ class TokenView:
         chosen = self.logprob(position)
         out = [(chosen, self.ids[position])]
         for j in range(1, count):
-            other = tokens.output_token(self.req.key ^ (j * 0x2545F491), position)
+            other = tokens.output_token(self.req.key ^ (j * 0x2545F491), position, self.req.vocab_size)
             out.append((round(chosen - 0.5 * j - 0.25, 3), other))
         return out
 

@@ -48,11 +48,13 @@ def _int(value: Any, name: str, *, minimum: int = 0) -> int:
     return int(value)
 
 
-def _token_ids(value: Any, name: str) -> list[int]:
+def _token_ids(value: Any, name: str, vocab_size: int) -> list[int]:
+    """A prompt of ids, each in the engine's vocabulary: the 400 an engine that checks them answers (vLLM does;
+    SGLang 0.5.9 dies instead, which the gateway's own check keeps from happening: server/validate.py)."""
     if not isinstance(value, list) or not value:
         raise BadRequest(f"{name} must be a non-empty list of token ids", param=name)
-    if not all(type(t) is int for t in value) or min(value) < 0 or max(value) >= tokens.VOCAB_SIZE:
-        raise BadRequest(f"{name} must hold token ids in [0, {tokens.VOCAB_SIZE})", param=name)
+    if not all(type(t) is int for t in value) or min(value) < 0 or max(value) >= vocab_size:
+        raise BadRequest(f"{name} must hold token ids in [0, {vocab_size})", param=name)
     return value
 
 
@@ -87,11 +89,11 @@ def parse_generate(body: dict[str, Any], config: SimEngineConfig) -> tuple[list[
         texts = text if batch else [text]
         if not texts or not all(isinstance(t, str) for t in texts):
             raise BadRequest("text must be a string or a list of strings")
-        prompts = [tokens.tokenize(t) or [tokens.BOS_TOKEN_ID] for t in texts]
+        prompts = [tokens.tokenize(t, config.vocab_size) or [tokens.BOS_TOKEN_ID] for t in texts]
     else:
         batch = isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)
         raw: Any = input_ids
-        prompts = [_token_ids(p, "input_ids") for p in (raw if batch else [raw])]
+        prompts = [_token_ids(p, "input_ids", config.vocab_size) for p in (raw if batch else [raw])]
     sampling = body.get("sampling_params") or {}
     if isinstance(sampling, list):
         if len(sampling) != len(prompts):
@@ -173,10 +175,10 @@ def parse_chat(body: dict[str, Any], config: SimEngineConfig) -> GenParams:
     if not isinstance(messages, list) or not messages:  # SGLang requires them with input_ids too
         raise BadRequest("messages must be a non-empty list", param="messages")
     if body.get("input_ids") is not None:  # SGLang: pre-tokenized, the template is skipped
-        prompt_ids = _token_ids(body["input_ids"], "input_ids")
+        prompt_ids = _token_ids(body["input_ids"], "input_ids", config.vocab_size)
     else:
         try:
-            prompt_ids = tokens.tokenize(tokens.render_chat(messages))
+            prompt_ids = tokens.tokenize(tokens.render_chat(messages), config.vocab_size)
         except ValueError as exc:
             raise BadRequest(str(exc), param="messages") from exc
     common = _openai_common(body, prompt_ids, config)
@@ -192,11 +194,11 @@ def parse_chat(body: dict[str, Any], config: SimEngineConfig) -> GenParams:
 def parse_completion(body: dict[str, Any], config: SimEngineConfig) -> GenParams:
     prompt = body.get("input_ids", body.get("prompt"))
     if isinstance(prompt, str):
-        prompt_ids = tokens.tokenize(prompt) or [tokens.BOS_TOKEN_ID]
+        prompt_ids = tokens.tokenize(prompt, config.vocab_size) or [tokens.BOS_TOKEN_ID]
     elif isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
-        prompt_ids = _token_ids(prompt, "prompt")
+        prompt_ids = _token_ids(prompt, "prompt", config.vocab_size)
     elif isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt_ids = tokens.tokenize(prompt[0]) or [tokens.BOS_TOKEN_ID]
+        prompt_ids = tokens.tokenize(prompt[0], config.vocab_size) or [tokens.BOS_TOKEN_ID]
     else:
         raise BadRequest("prompt must be a string or a list of token ids (one prompt)", param="prompt")
     common = _openai_common(body, prompt_ids, config)

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rolloutgate.sim.tokens import DEFAULT_VOCAB_SIZE, MIN_VOCAB_SIZE
+
 __all__ = (
     "PROFILES",
     "PrefillMode",
@@ -32,6 +34,12 @@ class SimEngineConfig:
 
     profile: str = "custom"
     served_model_name: str = "sim-model"
+    # the model's folder, as a real engine names it (SGLang `model_path`, vLLM's card `root`), when the
+    # simulator plays a real model's tokenizer (sim/cli.py --tokenizer); its vocabulary is `vocab_size`
+    model_path: str | None = None
+    vocab_size: int = (
+        DEFAULT_VOCAB_SIZE  # prompt ids at or past it are refused (400), generated ids stay below
+    )
     # scheduling
     max_running_requests: int = 8
     chunked_prefill_size: int = 256  # tokens per prefill batch (vLLM: max_num_batched_tokens)
@@ -79,6 +87,8 @@ class SimEngineConfig:
         for name in ("max_running_requests", "chunked_prefill_size", "kv_capacity_tokens", "context_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.vocab_size < MIN_VOCAB_SIZE:
+            raise ValueError(f"vocab_size must be >= {MIN_VOCAB_SIZE}, got {self.vocab_size!r}")
         for name in (
             "decode_base_s",
             "decode_per_request_s",

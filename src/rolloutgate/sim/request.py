@@ -78,6 +78,7 @@ class SimRequest:
         "stop_at",
         "submitted_at",
         "token_times",
+        "vocab_size",
         "wants_logprobs",
         "weight_spans",
     )
@@ -93,6 +94,7 @@ class SimRequest:
         stop_fraction: float = 0.0,
         wants_logprobs: bool = False,
         internal: bool = False,
+        vocab_size: int = tokens.DEFAULT_VOCAB_SIZE,
     ) -> None:
         if not prompt_ids:
             raise ValueError("a prompt needs at least one token")
@@ -105,6 +107,7 @@ class SimRequest:
         self.key = tokens.request_key(seed, prompt_ids)
         self.stop_at = None if ignore_eos else tokens.stop_length(self.key, max_new_tokens, stop_fraction)
         self.wants_logprobs = wants_logprobs
+        self.vocab_size = vocab_size  # the engine's: its generated ids stay below
         self.internal = internal  # health checks: physics only, never counted or listed
         self.state = RequestState.WAITING
         self.completion_tokens = 0
@@ -176,7 +179,7 @@ class SimRequest:
     def output_ids(self, start: int = 0, end: int | None = None) -> list[int]:
         """Output token ids [start, end) (end defaults to completion_tokens); EOS last when stopped."""
         stop = self.completion_tokens if end is None else min(end, self.completion_tokens)
-        ids = tokens.output_tokens(self.key, start, stop)
+        ids = tokens.output_tokens(self.key, start, stop, self.vocab_size)
         if self.stop_at is not None and stop == self.stop_at and stop > start:
             ids[-1] = tokens.EOS_TOKEN_ID
         return ids

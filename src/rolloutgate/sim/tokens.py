@@ -5,6 +5,10 @@ one token per 4 bytes (so prompt_tokens of a text is stable and a shared text pr
 prefixes); token ids given by the client are used as they are. Output token i of a request is a pure function
 of (seed, prompt ids, i), so the same prompt gives the same answer on every engine and every retry, and text
 is the concatenation of the words of the output ids.
+
+The vocabulary's size is the engine's (`SimEngineConfig.vocab_size`: a Qwen-sized 151,936 unless the tokenizer in
+use says otherwise, sim/cli.py): prompt ids at or past it are refused with a 400, and text and generated ids stay
+below it (a vocabulary smaller than the made-up words folds them onto the ids it has).
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 __all__ = (
+    "DEFAULT_VOCAB_SIZE",
     "EOS_TOKEN_ID",
-    "VOCAB_SIZE",
+    "MIN_VOCAB_SIZE",
     "decode",
     "logprob_of",
     "output_token",
@@ -27,11 +32,12 @@ __all__ = (
     "word",
 )
 
-VOCAB_SIZE = 151_936  # ids accepted in input_ids (a Qwen-sized vocabulary)
+DEFAULT_VOCAB_SIZE = 151_936  # ids accepted in input_ids unless a tokenizer says otherwise (Qwen's)
 PAD_TOKEN_ID = 0
 BOS_TOKEN_ID = 1
 EOS_TOKEN_ID = 2
 _FIRST_WORD_ID = 3
+MIN_VOCAB_SIZE = _FIRST_WORD_ID + 1  # the special ids and one word
 _MASK = (1 << 64) - 1
 
 _CONSONANTS = "bdfgklmnprstvz"
@@ -74,10 +80,10 @@ def decode(token_ids: Iterable[int]) -> str:
     return "".join([word(t) for t in token_ids])
 
 
-def tokenize(text: str) -> list[int]:
+def tokenize(text: str, vocab_size: int = DEFAULT_VOCAB_SIZE) -> list[int]:
     """One token per 4 UTF-8 bytes, the id a checksum of the bytes (stable across processes)."""
     data = text.encode()
-    span = VOCAB_SIZE - _FIRST_WORD_ID
+    span = vocab_size - _FIRST_WORD_ID
     crc = zlib.crc32
     return [_FIRST_WORD_ID + crc(data[i : i + 4]) % span for i in range(0, len(data), 4)]
 
@@ -120,14 +126,24 @@ _TABLE_MASK = _TABLE_SIZE - 1
 _TABLE = _build_table()
 
 
-def output_token(key: int, position: int) -> int:
-    return _TABLE[(key + position * ((key >> 20) | 1)) & _TABLE_MASK]
+_WORD_IDS_END = _FIRST_WORD_ID + _OUTPUT_RANGE  # a vocabulary this large holds every generated id as it is
 
 
-def output_tokens(key: int, start: int, end: int) -> list[int]:
+def output_token(key: int, position: int, vocab_size: int = DEFAULT_VOCAB_SIZE) -> int:
+    token = _TABLE[(key + position * ((key >> 20) | 1)) & _TABLE_MASK]
+    return token if vocab_size >= _WORD_IDS_END else _fold(token, vocab_size)
+
+
+def output_tokens(key: int, start: int, end: int, vocab_size: int = DEFAULT_VOCAB_SIZE) -> list[int]:
     """Output tokens [start, end) of the request with this key (a fast `output_token` over a range)."""
     table, mask, stride = _TABLE, _TABLE_MASK, (key >> 20) | 1
-    return [table[(key + i * stride) & mask] for i in range(start, end)]
+    ids = [table[(key + i * stride) & mask] for i in range(start, end)]
+    return ids if vocab_size >= _WORD_IDS_END else [_fold(token, vocab_size) for token in ids]
+
+
+def _fold(token: int, vocab_size: int) -> int:
+    """A word id onto the word ids of a vocabulary smaller than the made-up words."""
+    return _FIRST_WORD_ID + (token - _FIRST_WORD_ID) % (vocab_size - _FIRST_WORD_ID)
 
 
 def logprob_of(key: int, position: int) -> float:
