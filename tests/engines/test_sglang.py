@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -475,3 +476,16 @@ async def test_resume_and_update_weights(fake: FakeEngine, client: SglangClient)
     with pytest.raises(UpstreamError) as caught:
         await client.update_weights("update_weights_from_disk", {"model_path": "/nope"})
     assert caught.value.status == 400 and "no such path" in caught.value.message
+
+
+async def test_probe_learns_the_vocabulary_the_engine_states_or_its_model_folder_holds(
+    fake: FakeEngine, client: SglangClient, tmp_path: Path
+) -> None:
+    fake.on_json("GET", "/v1/models", models_answer())
+    fake.on_json("GET", "/server_info", sglang_server_info())  # model_path "Qwen/Qwen3-8B": not a folder here
+    assert (await client.probe()).vocab_size is None
+    fake.on_json("GET", "/server_info", {**sglang_server_info(), "vocab_size": 1000})  # as the simulator
+    assert (await client.probe()).vocab_size == 1000
+    (tmp_path / "config.json").write_bytes(orjson.dumps({"vocab_size": 151_936}))
+    fake.on_json("GET", "/server_info", {**sglang_server_info(), "model_path": str(tmp_path)})  # SGLang 0.5.9
+    assert (await client.probe()).vocab_size == 151_936

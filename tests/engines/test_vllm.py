@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -249,3 +250,18 @@ async def test_a_non_streaming_clients_chat_is_sent_as_it_came_and_answered_whol
     (event,) = await collect(client, call(Route.CHAT, body))
     assert event.is_whole_body and event.tokens == 5 and event.finish_reason == "length"
     assert fake.last("/v1/chat/completions").body == body  # no stream, no stream_options: the direct call
+
+
+async def test_probe_learns_the_vocabulary_from_the_model_card(
+    fake: FakeEngine, client: VllmClient, tmp_path: Path
+) -> None:
+    card = models_answer(owner="vllm")
+    fake.on_json("GET", "/v1/models", card)  # root "qwen": not a folder here
+    assert (await client.probe()).vocab_size is None
+    (tmp_path / "config.json").write_bytes(orjson.dumps({"vocab_size": 2048}))
+    card["data"][0]["root"] = str(tmp_path)  # vLLM names the model's path
+    fake.on_json("GET", "/v1/models", card)
+    assert (await client.probe()).vocab_size == 2048
+    card["data"][0]["vocab_size"] = 1000  # as the simulator states it
+    fake.on_json("GET", "/v1/models", card)
+    assert (await client.probe()).vocab_size == 1000

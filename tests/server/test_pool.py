@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import math
+from pathlib import Path
 
+import aiohttp
+import orjson
 import pytest
 
-from rolloutgate.config import GatewaySettings
+from rolloutgate.config import EngineSpec, GatewaySettings
 from rolloutgate.core.events import EngineHealthChecked, EnginePaused, EngineResumed, Event
 from rolloutgate.engines.base import EngineFamily, EngineInfo, Readiness
 from rolloutgate.server.pool import EngineHandle, EnginePool
+from rolloutgate.sim import SimCluster
 
 SGLANG_HEALTH_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT
 
@@ -146,3 +150,44 @@ async def test_the_pause_check_of_a_hung_engine_reports_nothing_and_gives_up_in_
     await asyncio.sleep(GatewaySettings().hang_check_timeout + 0.01)
     assert events == [] and not pool._pause_reads  # the core quarantines it when its check time is up
     await pool.close()
+
+
+# -- the vocabulary prompt ids are checked against (server/validate.py) ----------------------------------
+
+
+async def test_the_pool_checks_ids_against_the_smallest_vocabulary_its_engines_state() -> None:
+    async with (
+        SimCluster(engines=1, vocab_size=1000) as small,
+        SimCluster(engines=1, vocab_size=5000) as large,
+        aiohttp.ClientSession() as session,
+    ):
+        pool = EnginePool(GatewaySettings(), lambda _e: None, lambda s: s, lambda _engine: "healthy")
+        pool.session = session
+        assert pool.vocab_size is None  # no engine, no tokenizer: unknown
+        await pool.add(EngineSpec(url=large.urls[0], family="sglang"))
+        assert pool.vocab_size == 5000
+        small_engine = await pool.add(EngineSpec(url=small.urls[0], family="sglang"))
+        assert pool.vocab_size == 1000  # a pool of one model: engines that differ are named in the log
+        pool.remove(small_engine.engine_id)
+        assert pool.vocab_size == 5000
+        await pool.close()
+
+
+def test_without_engines_that_state_it_the_gateways_tokenizer_gives_the_vocabulary(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer.json").write_bytes(
+        orjson.dumps({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}}, "added_tokens": [{"id": 2}]})
+    )
+    pool = EnginePool(
+        GatewaySettings(tokenizer=str(tmp_path)), lambda _e: None, lambda s: s, lambda _engine: "healthy"
+    )
+    assert pool.vocab_size == 3
+    handle = EngineHandle(
+        engine_id="engine-0",
+        url="http://engine",
+        client=FakeSGLang(),  # type: ignore[arg-type]
+        info=EngineInfo(family=EngineFamily.SGLANG, vocab_size=None),
+        capacity=8,
+    )
+    pool.engines[handle.engine_id] = handle
+    pool.remove(handle.engine_id)  # an engine that does not say changes nothing
+    assert pool.vocab_size == 3

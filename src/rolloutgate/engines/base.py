@@ -64,6 +64,9 @@ class EngineInfo:
     max_model_len: int | None = None
     chunked_prefill_size: int | None = None
     weight_version: str | None = None
+    # token ids it can take: every prompt id must be below (server/validate.py); None when it does not say
+    # and its model folder cannot be read (rolloutgate/vocabulary.py)
+    vocab_size: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -31,6 +31,7 @@ from rolloutgate.engines.upstream import (
     UpstreamDisconnected,
     UpstreamProtocolError,
 )
+from rolloutgate.vocabulary import folder_vocab_size
 
 __all__ = (
     "DONE",
@@ -38,6 +39,7 @@ __all__ = (
     "JSON_HEADERS",
     "MAX_ERROR_BODY",
     "ControlTimeouts",
+    "ServedModels",
     "SseParser",
     "as_upstream_error",
     "check_json_object",
@@ -54,6 +56,7 @@ __all__ = (
     "raise_for_error_frame",
     "raise_for_status",
     "status_error",
+    "vocab_size_of",
 )
 
 log = logging.getLogger(__name__)
@@ -420,14 +423,38 @@ def positive_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+@dataclass(frozen=True, slots=True)
+class ServedModels:
+    """What `/v1/models` says: the model ids, the largest `max_model_len`, and the vocabulary (`vocab_size`)."""
+
+    names: tuple[str, ...]
+    max_model_len: int | None
+    vocab_size: int | None
+
+
 async def fetch_models(
     session: aiohttp.ClientSession, url: str, *, limits: aiohttp.ClientTimeout
-) -> tuple[tuple[str, ...], int | None]:
-    """Model ids and the largest `max_model_len` from `/v1/models`. Raises UpstreamError."""
+) -> ServedModels:
+    """The engine's models from `/v1/models`. Raises UpstreamError."""
     answer = await get_json(session, url + "/v1/models", limits=limits, what="v1/models")
     data = answer.get("data") if isinstance(answer, dict) else None
     if not isinstance(data, list):
         raise UpstreamError("/v1/models answered without a model list", retryable=True)
     cards = [card for card in data if isinstance(card, dict) and isinstance(card.get("id"), str)]
     lengths = [length for card in cards if (length := positive_int(card.get("max_model_len"))) is not None]
-    return tuple(card["id"] for card in cards), max(lengths) if lengths else None
+    base = [card for card in cards if card.get("parent") is None] or cards  # LoRA adapters share the base's
+    return ServedModels(
+        tuple(card["id"] for card in cards),
+        max(lengths) if lengths else None,
+        vocab_size_of(base[0].get("vocab_size"), base[0].get("root")) if base else None,
+    )
+
+
+def vocab_size_of(stated: Any, model_folder: Any) -> int | None:
+    """An engine's vocabulary: what it states (`stated`; the simulator does, no real engine so far), else its
+    model folder's (`model_folder`: a path the engine names, read when it is a local folder: an engine on this
+    machine or a shared file system; rolloutgate/vocabulary.py), else None."""
+    size = positive_int(stated)
+    if size is None and isinstance(model_folder, str) and model_folder:
+        size = folder_vocab_size(model_folder)
+    return size

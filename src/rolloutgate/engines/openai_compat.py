@@ -73,8 +73,13 @@ class OpenAICompatClient:
 
     async def probe(self) -> EngineInfo:
         limits = self._timeouts.control(self._timeouts.probe_s)
-        models, max_model_len = await fetch_models(self._session, self.url, limits=limits)
-        return EngineInfo(family=EngineFamily.OPENAI, models=models, max_model_len=max_model_len)
+        served = await fetch_models(self._session, self.url, limits=limits)
+        return EngineInfo(
+            family=EngineFamily.OPENAI,
+            models=served.names,
+            max_model_len=served.max_model_len,
+            vocab_size=served.vocab_size,
+        )
 
     async def health(self) -> bool:
         limits = self._timeouts.control(self._timeouts.health_s)

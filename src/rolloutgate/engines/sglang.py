@@ -58,6 +58,7 @@ from rolloutgate.engines.http import (
     positive_int,
     post_json,
     status_of,
+    vocab_size_of,
 )
 from rolloutgate.engines.openai_stream import client_wants_usage, upstream_body
 from rolloutgate.engines.push_call import start_generation
@@ -154,7 +155,7 @@ class SglangClient:
     async def probe(self) -> EngineInfo:
         limits = self._timeouts.control(self._timeouts.probe_s)
         info = await self._server_info(limits)
-        models, max_model_len = await fetch_models(self._session, self.url, limits=limits)
+        served = await fetch_models(self._session, self.url, limits=limits)
         weight_version = info.get("weight_version")
         if not isinstance(weight_version, str):
             weight_version = None
@@ -167,10 +168,12 @@ class SglangClient:
         return EngineInfo(
             family=EngineFamily.SGLANG,
             capacity=sglang_capacity(info),
-            models=models,
-            max_model_len=max_model_len or positive_int(info.get("context_length")),
+            models=served.names,
+            max_model_len=served.max_model_len or positive_int(info.get("context_length")),
             chunked_prefill_size=chunk if isinstance(chunk, int) and chunk > 0 else None,
             weight_version=weight_version,
+            # the model folder from its server args: its card's `root` is the served name, not always a path
+            vocab_size=vocab_size_of(info.get("vocab_size"), info.get("model_path")) or served.vocab_size,
         )
 
     async def _server_info(self, limits: aiohttp.ClientTimeout) -> dict[str, Any]:

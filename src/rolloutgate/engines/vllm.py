@@ -117,7 +117,7 @@ class VllmClient:
 
     async def probe(self) -> EngineInfo:
         limits = self._timeouts.control(self._timeouts.probe_s)
-        models, max_model_len = await fetch_models(self._session, self.url, limits=limits)
+        served = await fetch_models(self._session, self.url, limits=limits)
         try:
             info = await get_json(
                 self._session,
@@ -132,8 +132,9 @@ class VllmClient:
         return EngineInfo(
             family=EngineFamily.VLLM,
             capacity=vllm_capacity(info),
-            models=models,
-            max_model_len=max_model_len,
+            models=served.names,
+            max_model_len=served.max_model_len,
+            vocab_size=served.vocab_size,  # the card's `root`: vLLM's model path
         )
 
     async def health(self) -> bool:

@@ -187,6 +187,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
             api=settings.sim_api,
             profile=settings.sim_profile,
             time_scale=settings.time_scale,
+            # the tokenizer the gateway renders with is the model the simulated engines play: its ids fit
+            vocab_size=pool.vocab_size,
+            model_path=settings.tokenizer,
         )
         await cluster.__aenter__()
         ctx.extras["sim"] = cluster

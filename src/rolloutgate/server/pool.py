@@ -18,6 +18,12 @@ health-checked, since only a passing check clears SGLang's mark; it passes once 
 Before the core judges a silent engine hung it asks for its pause flag (`CheckEngine`, core/liveness.py):
 `read_pause` reads it at once, so a pause the health loop has not seen yet (its loop sleeping, or inside a
 health check that waits behind the pause) is reported within `hang_check_timeout` and nothing is quarantined.
+
+The vocabulary. Every prompt id is checked against `vocab_size` at the front, before the request is queued
+(server/validate.py): the smallest vocabulary the pool's engines state (`EngineInfo.vocab_size`, learned at
+each probe), else the gateway's own `--tokenizer` folder's, else none (unknown: ids are checked for type and
+sign only, and the log says so once). The smallest, not the placed engine's: placement happens later, in the
+core, and a pool serves one model, whose engines agree (a pool where they differ is named in the log).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from rolloutgate.core.events import (
 from rolloutgate.core.stats import EngineStats
 from rolloutgate.engines.base import EngineClient, EngineFamily, EngineInfo, Readiness, UpstreamError
 from rolloutgate.engines.detect import detect_family, make_client
+from rolloutgate.vocabulary import folder_vocab_size
 
 __all__ = ("EngineHandle", "EnginePool")
 
@@ -93,8 +100,17 @@ class EnginePool:
     engine_state: Callable[[str], str | None]  # the core's state of an engine: the one source of it
     session: aiohttp.ClientSession = field(init=False)  # set when the app starts
     engines: dict[str, EngineHandle] = field(default_factory=dict)
+    # the bound every prompt id must stay under (module docstring); None while unknown
+    vocab_size: int | None = field(init=False, default=None)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _pause_reads: set[asyncio.Task[None]] = field(default_factory=set)
+    _tokenizer_vocab: int | None = field(init=False, default=None)
+    _told_unknown_vocab: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        if self.settings.tokenizer:
+            self._tokenizer_vocab = folder_vocab_size(self.settings.tokenizer)
+        self._learn_vocab()
 
     async def add(self, spec: EngineSpec) -> EngineHandle:
         """Probe and join an engine. Raises UpstreamError if it cannot be reached."""
@@ -117,6 +133,7 @@ class EnginePool:
             capacity=capacity,
         )
         self.engines[handle.engine_id] = handle
+        self._learn_vocab()
         budget = self.prefill_budget(info, capacity)
         self.emit(EngineJoined(engine_id=handle.engine_id, capacity=capacity, prefill_token_budget=budget))
         handle.health_task = asyncio.create_task(self._health_loop(handle), name=f"health-{handle.engine_id}")
@@ -137,7 +154,26 @@ class EnginePool:
         if handle.health_task is not None:
             handle.health_task.cancel()
         self.emit(EngineLeft(engine_id=engine_id))
+        self._learn_vocab()
         return handle
+
+    def _learn_vocab(self) -> None:
+        """`vocab_size` from the engines and the tokenizer (module docstring), after the pool changed."""
+        stated = {h.engine_id: h.info.vocab_size for h in self.engines.values() if h.info.vocab_size}
+        if len(set(stated.values())) > 1:
+            log.warning(
+                "the engines state different vocabularies %s: prompt ids are checked against the smallest",
+                stated,
+            )
+        vocab = min(stated.values()) if stated else self._tokenizer_vocab
+        if vocab is None and self.engines and not self._told_unknown_vocab:
+            self._told_unknown_vocab = True
+            log.warning(
+                "no engine states its vocabulary and its model folder cannot be read here, and no --tokenizer "
+                "is given: prompt token ids are checked for type and sign only, and one past the vocabulary "
+                "can take an SGLang engine down"
+            )
+        self.vocab_size = vocab
 
     def healthy(self) -> list[EngineHandle]:
         """The engines the core holds healthy."""
@@ -266,6 +302,7 @@ class EnginePool:
                 info.weight_version,
             )
             handle.info = info
+            self._learn_vocab()
             self.emit(EngineCacheFlushed(engine_id=handle.engine_id))
 
     def _record_health(self, handle: EngineHandle, ok: bool) -> None:
