@@ -13,7 +13,7 @@ from aiohttp import web
 _SKIPPED = frozenset({"content-length", "transfer-encoding", "connection", "content-encoding"})
 
 
-_TAPPED = frozenset({"/generate", "/v1/chat/completions"})
+_TAPPED = frozenset({"/generate", "/v1/chat/completions", "/v1/completions"})
 
 
 @dataclass

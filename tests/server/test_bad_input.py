@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import orjson
 import pytest
 
+from rolloutgate.config import EngineSpec
+from rolloutgate.server.context import CONTEXT
 from tests.server.conftest import MakeCluster, MakeGateway
+from tests.server.engine_tap import EngineTap
 
 CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
 
@@ -140,3 +144,89 @@ async def test_gateway_keeps_serving_while_bad_requests_arrive(
     assert [r.status_code for r in results[:8]] == [200] * 8
     assert all(r.json()["choices"][0]["message"]["content"] for r in results[:8])
     assert [r.status_code for r in results[8:]] == [400] * 8
+
+
+# -- token ids outside the engine's vocabulary (server/validate.py `check_token_ids`) ----------------------
+
+SIM_VOCAB = 1000  # the simulated engine's, learned by the gateway from its /server_info
+LARGE = 2_000  # ids: a body past prompt_ids.FIELD_WISE_FROM, kept as its JSON (the scanned path)
+
+
+@pytest.fixture
+async def tapped_gateway(
+    make_cluster: MakeCluster, make_gateway: MakeGateway
+) -> AsyncIterator[tuple[str, EngineTap]]:
+    """A gateway whose one engine, a simulator of SIM_VOCAB ids, sits behind a tap that records each call."""
+    cluster = await make_cluster(engines=1, vocab_size=SIM_VOCAB)
+    tap = await EngineTap(cluster.urls[0]).start()
+    try:
+        gateway = await make_gateway(engines=[EngineSpec(url=tap.url, family="sglang")], time_scale=100.0)
+        assert gateway.app[CONTEXT].pool.vocab_size == SIM_VOCAB
+        yield gateway.url, tap
+    finally:
+        await tap.close()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "where", "code"),
+    [
+        ("/generate", {"input_ids": [5, SIM_VOCAB]}, "input_ids[1]", "token_id_out_of_vocabulary"),
+        ("/generate", {"input_ids": [999_999]}, "input_ids[0]", "token_id_out_of_vocabulary"),
+        (
+            "/generate",
+            {"input_ids": [5] * LARGE + [SIM_VOCAB + 7]},
+            f"input_ids[{LARGE}]",
+            "token_id_out_of_vocabulary",
+        ),
+        ("/generate", {"input_ids": [5, -1]}, "input_ids[1]", "invalid_token_id"),
+        ("/generate", {"input_ids": [5] * LARGE + [-1]}, f"input_ids[{LARGE}]", "invalid_token_id"),
+        ("/generate", {"input_ids": [[5], [6, SIM_VOCAB]]}, "input_ids[1][1]", "token_id_out_of_vocabulary"),
+        (
+            "/generate",
+            {"input_ids": [[5] * LARGE, [SIM_VOCAB]]},
+            "input_ids[1][0]",
+            "token_id_out_of_vocabulary",
+        ),
+        ("/generate", {"input_ids": [5, 1.5]}, "input_ids[1]", "invalid_token_id"),
+        (
+            "/v1/completions",
+            {"model": "m", "prompt": [5, SIM_VOCAB]},
+            "prompt[1]",
+            "token_id_out_of_vocabulary",
+        ),
+        (
+            "/v1/completions",
+            {"model": "m", "prompt": [5] * LARGE + [-3]},
+            f"prompt[{LARGE}]",
+            "invalid_token_id",
+        ),
+    ],
+)
+async def test_ids_outside_the_vocabulary_never_reach_the_engine(
+    tapped_gateway: tuple[str, EngineTap],
+    http: httpx.AsyncClient,
+    path: str,
+    body: dict[str, Any],
+    where: str,
+    code: str,
+) -> None:
+    url, tap = tapped_gateway
+    refused = await http.post(url + path, json=body)
+    assert_openai_error(refused, 400, code)
+    assert refused.json()["error"]["message"].startswith(f"'{where}'")
+    assert not tap.calls  # the engine never saw it
+    served = await http.post(url + "/generate", json={"input_ids": [5, SIM_VOCAB - 1], "sampling_params": {}})
+    assert served.status_code == 200, served.text
+    assert [c.path for c in tap.calls] == ["/generate"]
+
+
+async def test_a_session_path_checks_the_ids_it_proxies(
+    tapped_gateway: tuple[str, EngineTap], http: httpx.AsyncClient
+) -> None:
+    url, tap = tapped_gateway
+    session_id = (await http.post(f"{url}/sessions")).json()["session_id"]
+    refused = await http.post(f"{url}/sessions/{session_id}/generate", json={"input_ids": [1, SIM_VOCAB]})
+    assert_openai_error(refused, 400, "token_id_out_of_vocabulary")
+    assert not tap.calls
+    served = await http.post(f"{url}/sessions/{session_id}/generate", json={"input_ids": [1, 2]})
+    assert served.status_code == 200, served.text

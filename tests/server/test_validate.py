@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,6 +13,7 @@ from hypothesis import strategies as st
 from rolloutgate.config import GatewaySettings
 from rolloutgate.engines.base import Route
 from rolloutgate.errors import BadRequest
+from rolloutgate.server.prompt_ids import flat_id_count
 from rolloutgate.server.validate import validate_body
 
 SETTINGS = GatewaySettings(max_tokens_limit=1000)
@@ -123,3 +126,136 @@ def test_validation_refuses_exactly_what_the_rules_refuse(route: Route, body: di
 def test_the_first_broken_field_names_itself(body: dict[str, Any], message: str) -> None:
     with pytest.raises(BadRequest, match=message):
         validate_body(Route.GENERATE, body, SETTINGS)
+
+
+# -- token ids: nothing a client sends may take an engine down -------------------------------------------
+
+VOCAB = 151_936
+
+
+def _refusal(
+    route: Route, body: dict[str, Any], vocab_size: int | None = VOCAB
+) -> tuple[str, str, str] | None:
+    """(param, code, message) of the BadRequest `validate_body` raises, or None."""
+    try:
+        validate_body(route, body, SETTINGS, vocab_size=vocab_size)
+    except BadRequest as error:
+        return (error.param or "", error.code, error.message)
+    return None
+
+
+def _kept(ids: Any) -> orjson.Fragment:
+    """The prompt as a large body keeps it (server/prompt_ids.py): its JSON, unparsed (`json`: orjson writes
+    no integer past 64 bits)."""
+    return orjson.Fragment(json.dumps(ids).encode())
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["parsed", "kept"])
+@pytest.mark.parametrize(
+    ("ids", "where", "code"),
+    [
+        ([1, 2, 999_999], "input_ids[2]", "token_id_out_of_vocabulary"),
+        ([VOCAB], "input_ids[0]", "token_id_out_of_vocabulary"),
+        ([5, -1], "input_ids[1]", "invalid_token_id"),
+        ([5, 2.0], "input_ids[1]", "invalid_token_id"),
+        ([True], "input_ids[0]", "invalid_token_id"),
+        ([1, "7"], "input_ids[1]", "invalid_token_id"),
+        ([1, None], "input_ids[1]", "invalid_token_id"),
+        ([1, [2]], "input_ids[1]", "invalid_token_id"),
+        ([[1, 2], [3, 10**30]], "input_ids[1][1]", "token_id_out_of_vocabulary"),
+        ([[1], [-3]], "input_ids[1][0]", "invalid_token_id"),
+        ([[1], []], "input_ids[1]", "invalid_value"),
+    ],
+)
+def test_generate_ids_outside_the_vocabulary_are_refused_by_position(
+    ids: list[Any], where: str, code: str, keep: bool
+) -> None:
+    refusal = _refusal(Route.GENERATE, {"input_ids": _kept(ids) if keep else ids})
+    assert refusal is not None
+    param, got_code, message = refusal
+    assert (param, got_code) == ("input_ids", code)
+    assert message.startswith(f"'{where}'"), message
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["parsed", "kept"])
+def test_ids_inside_the_vocabulary_pass(keep: bool) -> None:
+    for ids in ([0, VOCAB - 1], [[0], [VOCAB - 1, 7]]):
+        assert _refusal(Route.GENERATE, {"input_ids": _kept(ids) if keep else ids}) is None
+    assert _refusal(Route.COMPLETIONS, {"prompt": _kept([VOCAB - 1]) if keep else [VOCAB - 1]}) is None
+
+
+def test_the_message_names_the_id_and_the_vocabulary() -> None:
+    refusal = _refusal(Route.GENERATE, {"input_ids": [3, 999_999]})
+    assert refusal is not None and "999999" in refusal[2] and f"[0, {VOCAB})" in refusal[2]
+
+
+def test_kept_json_with_whitespace_is_read_as_ids() -> None:
+    spaced = orjson.Fragment(b"[ 1,\n\t2 ,151935 ]")
+    assert _refusal(Route.GENERATE, {"input_ids": spaced}) is None
+    over = orjson.Fragment(b"[ 1,\n\t2 ,151936 ]")
+    assert _refusal(Route.GENERATE, {"input_ids": over}) == (
+        "input_ids",
+        "token_id_out_of_vocabulary",
+        "'input_ids[2]' is 151936, outside the engines' vocabulary [0, 151936)",
+    )
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "param"),
+    [
+        (Route.COMPLETIONS, {"prompt": [1, 999_999]}, "prompt"),
+        (Route.COMPLETIONS, {"prompt": [[1], [-1]]}, "prompt"),
+        (Route.COMPLETIONS, {"prompt": ["text", 5]}, "prompt"),
+        (Route.COMPLETIONS, {"prompt": "x", "input_ids": [999_999]}, "input_ids"),
+        (Route.CHAT, {"messages": [{"role": "user"}], "input_ids": [1, 999_999]}, "input_ids"),
+    ],
+)
+def test_every_route_that_takes_ids_checks_them(route: Route, body: dict[str, Any], param: str) -> None:
+    refusal = _refusal(route, body)
+    assert refusal is not None and refusal[0] == param
+
+
+def test_texts_are_not_ids() -> None:
+    assert _refusal(Route.COMPLETIONS, {"prompt": ["a", "b"]}) is None
+    assert _refusal(Route.COMPLETIONS, {"prompt": "999999"}) is None
+    assert _refusal(Route.GENERATE, {"text": ["a", "b"]}) is None
+
+
+def test_an_unknown_vocabulary_still_refuses_what_no_vocabulary_holds() -> None:
+    assert _refusal(Route.GENERATE, {"input_ids": [10**12]}, vocab_size=None) is None
+    assert _refusal(Route.GENERATE, {"input_ids": _kept([10**12])}, vocab_size=None) is None
+    # a flat array is kept only once flat_id_count saw non-negative integers: a batch is kept unchecked
+    for bad, value in (([-1], [-1]), ([1.5], [1.5]), ([[1], [-2]], _kept([[1], [-2]]))):
+        refusal = _refusal(Route.GENERATE, {"input_ids": value}, vocab_size=None)
+        assert refusal is not None and refusal[1] == "invalid_token_id", (bad, refusal)
+
+
+_ID = st.one_of(
+    st.integers(min_value=-3, max_value=VOCAB + 3),
+    st.integers(min_value=-(10**20), max_value=10**20),
+    st.sampled_from([0.5, 1.0, True, None, "1"]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ids=st.one_of(
+        st.lists(_ID, min_size=1, max_size=8),
+        st.lists(st.lists(_ID, max_size=4), min_size=1, max_size=3),
+    ),
+    vocab_size=st.sampled_from([None, 10, VOCAB]),
+)
+def test_kept_and_parsed_prompts_get_the_same_verdict_as_the_plain_rule(
+    ids: list[Any], vocab_size: int | None
+) -> None:
+    def plain_rule(prompt: list[Any]) -> bool:
+        return bool(prompt) and all(
+            type(t) is int and t >= 0 and (vocab_size is None or t < vocab_size) for t in prompt
+        )
+
+    is_batch = all(type(item) is list for item in ids)
+    fits = all(plain_rule(p) for p in ids) if is_batch else plain_rule(ids)
+    parsed = _refusal(Route.GENERATE, {"input_ids": ids}, vocab_size)
+    assert (parsed is None) == fits, (ids, parsed)
+    if is_batch or vocab_size is not None or flat_id_count(json.dumps(ids).encode()) is not None:
+        assert _refusal(Route.GENERATE, {"input_ids": _kept(ids)}, vocab_size) == parsed

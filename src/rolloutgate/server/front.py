@@ -285,7 +285,7 @@ async def _read_request(
     _route_counter(ctx, route).inc()
     raw = await read_body(request, ctx.settings.max_body_bytes)
     body, prompt_ids = parse_inference_body(raw, route, ctx.settings)
-    validate_body(route, body, ctx.settings)
+    validate_body(route, body, ctx.settings, vocab_size=ctx.pool.vocab_size)
     prompt_tokens = estimate_prompt_tokens(route, body) if prompt_ids is None else prompt_ids
     max_seq_len = token_budget.header_budget(request.headers)
     decision = None

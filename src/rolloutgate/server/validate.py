@@ -1,11 +1,17 @@
 """Input validation at the front: every bad input becomes a `BadRequest` with a message naming the field.
 
-Only what the gateway itself relies on is checked here (shapes, types, limits); everything else in the body
-is the engine's business and passes through untouched.
+Only what the gateway itself relies on is checked here (shapes, types, limits), and what could take an engine
+down: a prompt given as token ids (`/generate` `input_ids`, a `/v1/completions` `prompt` of ids, single or
+batch) must hold integers in [0, vocabulary). SGLang 0.5.9 indexes its embedding with each id unchecked (its
+`_validate_input_ids_in_vocab` has no caller): an id past the table, or a negative one, raises in the
+scheduler and the server exits, with every request on it. The vocabulary is the engines' (server/pool.py
+`EnginePool.vocab_size`); while it is unknown only the ids' type and sign are checked. Everything else in
+the body is the engine's business and passes through untouched.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +26,7 @@ from rolloutgate.server.prompt_ids import FIELD_WISE_FROM, IDS_FIELD, parse_fiel
 __all__ = (
     "NO_OVERRIDES",
     "Overrides",
+    "check_token_ids",
     "estimate_prompt_tokens",
     "parse_body",
     "parse_inference_body",
@@ -99,8 +106,11 @@ def _expect(body: dict[str, Any], name: str, kinds: tuple[type, ...], what: str)
         raise BadRequest(f"'{name}' must be {what}", param=name, code="invalid_type")
 
 
-def validate_body(route: Route, body: dict[str, Any], settings: GatewaySettings) -> None:
-    """Raise BadRequest for a body the gateway cannot route or that breaks a server limit."""
+def validate_body(
+    route: Route, body: dict[str, Any], settings: GatewaySettings, *, vocab_size: int | None = None
+) -> None:
+    """Raise BadRequest for a body the gateway cannot route, that breaks a server limit, or whose prompt ids
+    could harm an engine (`check_token_ids`; `vocab_size`: the engines' vocabulary, None while unknown)."""
     for name, kinds, what in _TYPED_FIELDS:  # inline, not `_expect`: a call per field was most of the cost
         value = body.get(name)
         if value is None:
@@ -132,12 +142,17 @@ def validate_body(route: Route, body: dict[str, Any], settings: GatewaySettings)
                     param="messages",
                     code="invalid_type",
                 )
+        if "input_ids" in body:  # SGLang's chat takes a prompt of ids instead of rendering the messages
+            check_token_ids("input_ids", body["input_ids"], vocab_size)
     elif route is Route.COMPLETIONS:
         prompt = body.get("prompt")
         if not isinstance(prompt, str | list | orjson.Fragment) or (isinstance(prompt, list) and not prompt):
             raise BadRequest(
                 "'prompt' must be a string or a non-empty array", param="prompt", code="invalid_type"
             )
+        check_token_ids("prompt", prompt, vocab_size, takes_texts=True)
+        if "input_ids" in body:  # the simulator, as SGLang's chat, takes the prompt's ids here too
+            check_token_ids("input_ids", body["input_ids"], vocab_size)
     else:  # /generate
         has_text = isinstance(body.get("text"), str | list)
         has_ids = isinstance(body.get("input_ids"), list | orjson.Fragment)  # a Fragment: kept ids
@@ -161,6 +176,112 @@ def validate_body(route: Route, body: dict[str, Any], settings: GatewaySettings)
                 param="sampling_params.max_new_tokens",
                 code="invalid_value",
             )
+        check_token_ids("input_ids", body.get("input_ids"), vocab_size)
+
+
+# -- token ids --------------------------------------------------------------------------------------------
+
+
+def check_token_ids(name: str, value: Any, vocab_size: int | None, *, takes_texts: bool = False) -> None:
+    """Raise BadRequest unless `value`, a prompt field (`input_ids`, `prompt`), is token ids (a flat array, or
+    a batch of arrays) each an integer in [0, vocab_size) (>= 0 only, when `vocab_size` is None), or, where
+    the field `takes_texts` (`prompt`), text (a string, an array of strings). Another value is left to the
+    route's own checks and the engine. The message names the first bad id and where it is (`input_ids[1][7]`).
+
+    A prompt kept as its JSON (server/prompt_ids.py) is scanned as bytes, not parsed (`_first_suspect_byte`):
+    miles sends 100K-id turns, and parsing them was most of the gateway's CPU per turn."""
+    if isinstance(value, orjson.Fragment):
+        span = orjson.dumps(value)  # a Fragment's bytes, as written
+        is_batch = span.startswith(b"[[")  # a batch is kept as compact JSON (prompt_ids.compact_json)
+        if _is_batch_of_arrays(span) if is_batch else span.count(b"[") == 1:
+            if vocab_size is None and not is_batch:
+                return  # a flat array is kept only once seen to hold non-negative integers (flat_id_count)
+            if _first_suspect_byte(span, vocab_size) < 0:
+                return
+        value = _parse_ids(name, span)  # something is wrong: parsed, to name it
+    if not isinstance(value, list) or not value:
+        return  # not ids (text, or a shape validate_body refuses by name)
+    if takes_texts and all(type(item) is str for item in value):
+        return  # a batch of texts
+    if all(type(item) is list for item in value):
+        for index, prompt in enumerate(value):
+            if not prompt:
+                raise BadRequest(
+                    f"'{name}[{index}]' must be a non-empty array of token ids",
+                    param=name,
+                    code="invalid_value",
+                )
+            _check_id_list(name, prompt, vocab_size, f"[{index}]")
+        return
+    _check_id_list(name, value, vocab_size, "")
+
+
+def _parse_ids(name: str, span: bytes) -> Any:
+    """A kept prompt parsed to name what is wrong with it: by `json`, which keeps an integer past 64 bits an
+    integer (orjson makes it a float). Only refused prompts come here."""
+    try:
+        return json.loads(span)
+    except ValueError:  # past Python's 4,300 digits
+        raise BadRequest(
+            f"'{name}' holds a number no vocabulary reaches", param=name, code="token_id_out_of_vocabulary"
+        ) from None
+
+
+def _is_batch_of_arrays(span: bytes) -> bool:
+    """Whether the JSON `span` is an array of non-empty arrays of scalars (not nested further)."""
+    shape = span.translate(None, b"0123456789,.-+eE \t\r\n")  # what is left of each scalar: nothing
+    arrays = len(shape) // 2 - 1
+    return shape == b"[" + b"[]" * arrays + b"]" and b"[]" not in span.translate(None, b" \t\r\n")
+
+
+def _check_id_list(name: str, ids: list[Any], vocab_size: int | None, where: str) -> None:
+    limit = -1 if vocab_size is None else vocab_size
+    for position, token in enumerate(ids):
+        if type(token) is not int:  # a bool or a float is no token id (True and 1.0 pass an isinstance check)
+            raise BadRequest(
+                f"'{name}{where}[{position}]' must be an integer token id, not {_preview(token)}",
+                param=name,
+                code="invalid_token_id",
+            )
+        if token < 0:
+            raise BadRequest(
+                f"'{name}{where}[{position}]' is {token}: a token id is never negative",
+                param=name,
+                code="invalid_token_id",
+            )
+        if token >= limit >= 0:
+            raise BadRequest(
+                f"'{name}{where}[{position}]' is {token}, outside the engines' vocabulary [0, {limit})",
+                param=name,
+                code="token_id_out_of_vocabulary",
+            )
+
+
+def _preview(value: Any) -> str:
+    text = orjson.dumps(value).decode()
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _first_suspect_byte(span: bytes, vocab_size: int | None) -> int:
+    """The offset in `span` (the JSON of a prompt of ids) of the first byte that may make it unfit for an
+    engine: the last digit of an id >= `vocab_size`, or anything but digits, commas, brackets and whitespace
+    (a sign, a point, a quote, a letter); -1 when there is none. One pass over the bytes, compiled by mypyc
+    (a few ns a byte, about as long as `flat_id_count` takes): an id's value is built digit by digit and never
+    past `vocab_size` * 10 (JSON has no leading zeros, so no id hides behind them)."""
+    limit = -1 if vocab_size is None else vocab_size
+    value = 0
+    for offset in range(len(span)):
+        byte = span[offset]
+        if 48 <= byte <= 57:  # a digit
+            if limit >= 0:
+                value = value * 10 + (byte - 48)
+                if value >= limit:
+                    return offset
+        elif byte == 44 or byte == 32 or byte == 91 or byte == 93 or byte == 10 or byte == 13 or byte == 9:
+            value = 0  # , space [ ] \n \r \t
+        else:
+            return offset
+    return -1
 
 
 def parse_overrides(headers: Any, settings: GatewaySettings) -> Overrides:
