@@ -17,7 +17,7 @@ from rolloutgate.fleet.hop_cost import rolloutgate_process
 @contextmanager
 def simulated_engines(count: int, time_scale: float) -> Iterator[list[str]]:
     """`rolloutgate sim` with `count` SGLang engines, in a subprocess; their URLs."""
-    args = ["sim", "--engines", str(count), "--time-scale", str(time_scale)]
+    args = ["sim", "--engines", str(count), "--base-port", "0", "--time-scale", str(time_scale)]
     with rolloutgate_process(args, "engine ", count) as urls:
         yield urls
 

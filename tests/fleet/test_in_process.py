@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +27,7 @@ from rolloutgate.sessions.registry import SessionCopy
 from rolloutgate.sim import SimCluster
 from rolloutgate.top.fetch import GatewayReader
 from rolloutgate.top.view import build_view
+from tests.ports import port_of, reserved_port
 
 REPLICAS = 3
 ENGINES = 6
@@ -114,13 +114,6 @@ class LocalFleet:
         return out
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
 def link_of(handle: object) -> ReplicaLink:
     assert isinstance(handle, KillableLink)
     return handle
@@ -128,34 +121,37 @@ def link_of(handle: object) -> ReplicaLink:
 
 @pytest.fixture
 async def fleet() -> AsyncIterator[LocalFleet]:
-    async with SimCluster(engines=ENGINES, time_scale=100.0) as cluster, SimCluster(engines=1) as spare:
-        controller = FleetController(
-            [EngineEntry(url, family="sglang") for url in cluster.urls],
-            link_factory=link_of,
-            ping_interval_s=0.1,
-            expected_replicas=REPLICAS,
-        )
-        await controller.start()
-        settings = GatewaySettings(port=0, time_scale=100.0, stall_timeout=600.0, log_level="warning")
-        shared_port = free_port()
-        replicas, links = [], []
-        for i in range(REPLICAS):
-            link = KillableLink()
-            replica = FleetReplica(f"replica-{i}", settings, controller, handle=link, shared_port=shared_port)
-            link.replica = replica
-            await replica.start()
-            replicas.append(replica)
-            links.append(link)
-        local = LocalFleet(cluster, controller, replicas, links, spare)
-        await wait_until(lambda: all_joined(local))
-        try:
-            yield local
-        finally:
-            for replica, link in zip(replicas, links, strict=True):
-                if not link.dead:
-                    await replica.stop(grace_s=0)
-            await controller.close()
-            await local.http.aclose()
+    with reserved_port() as reservation:  # the replicas' shared port, held for the fleet's life
+        async with SimCluster(engines=ENGINES, time_scale=100.0) as cluster, SimCluster(engines=1) as spare:
+            controller = FleetController(
+                [EngineEntry(url, family="sglang") for url in cluster.urls],
+                link_factory=link_of,
+                ping_interval_s=0.1,
+                expected_replicas=REPLICAS,
+            )
+            await controller.start()
+            settings = GatewaySettings(port=0, time_scale=100.0, stall_timeout=600.0, log_level="warning")
+            shared_port = port_of(reservation)
+            replicas, links = [], []
+            for i in range(REPLICAS):
+                link = KillableLink()
+                replica = FleetReplica(
+                    f"replica-{i}", settings, controller, handle=link, shared_port=shared_port
+                )
+                link.replica = replica
+                await replica.start()
+                replicas.append(replica)
+                links.append(link)
+            local = LocalFleet(cluster, controller, replicas, links, spare)
+            await wait_until(lambda: all_joined(local))
+            try:
+                yield local
+            finally:
+                for replica, link in zip(replicas, links, strict=True):
+                    if not link.dead:
+                        await replica.stop(grace_s=0)
+                await controller.close()
+                await local.http.aclose()
 
 
 def all_joined(fleet: LocalFleet) -> bool:

@@ -33,7 +33,7 @@ from rolloutgate.bench.replay.world import warm_up
 from rolloutgate.config import GatewaySettings
 from rolloutgate.fleet import Fleet
 from tests.fleet.on_ray import fleet_on_ray, pools_hold, simulated_engines, wait_for
-from tests.fleet.test_in_process import free_port
+from tests.ports import port_of, reserved_port
 
 pytestmark = pytest.mark.fleet
 
@@ -67,7 +67,12 @@ def engines() -> Iterator[list[str]]:
 @pytest.fixture(scope="module")
 def fleet(engines: list[str]) -> Iterator[Fleet]:
     settings = GatewaySettings(time_scale=TIME_SCALE, stall_timeout=600.0, log_level="warning")
-    with fleet_on_ray(REPLICAS, engines, settings, "rolloutgate-death", shared_port=free_port()) as started:
+    with (
+        reserved_port() as reservation,  # the replicas' shared port, held for the fleet's life
+        fleet_on_ray(
+            REPLICAS, engines, settings, "rolloutgate-death", shared_port=port_of(reservation)
+        ) as started,
+    ):
         yield started
 
 

@@ -22,6 +22,7 @@ import pytest
 from rolloutgate.config import EngineSpec
 from rolloutgate.sim import SimCluster
 from rolloutgate.sim.faults import Fault
+from tests.ports import port_of, reserved_port
 from tests.reliability.chaos import ChaosEngine
 from tests.reliability.conftest import bump_figure, wait_for
 from tests.server.conftest import MakeCluster, MakeGateway
@@ -238,39 +239,33 @@ async def test_when_every_engine_answers_garbage_the_client_gets_a_clear_502_and
 # --- engines unreachable at start-up ----------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def test_refused_and_unresolvable_engines_do_not_hold_start_up_and_join_when_they_appear(
     make_gateway: MakeGateway, http: httpx.AsyncClient
 ) -> None:
-    port = free_port()
-    refused = f"http://127.0.0.1:{port}"
-    unresolvable = "http://rolloutgate-no-such-host.invalid:8000"
-    started = time.monotonic()
-    gateway = await make_gateway(
-        engines=[EngineSpec(url=refused, family="sglang"), EngineSpec(url=unresolvable, family="sglang")],
-        time_scale=SCALE,
-        no_engine_grace=10.0,  # 1 s real: queued requests fail fast while no engine is reachable
-        health_interval=2.0,  # 0.2 s real between join attempts
-    )
-    assert time.monotonic() - started < 10, "start-up waited for unreachable engines"
-    assert (await http.get(f"{gateway.url}/ready")).status_code == 503
-    early = await http.post(f"{gateway.url}/v1/chat/completions", json=chat(8))
-    assert early.status_code == 503, early.text
-    assert early.headers.get("Retry-After")
+    with reserved_port() as reservation:  # bound, not listening: connections to it are refused
+        port = port_of(reservation)
+        refused = f"http://127.0.0.1:{port}"
+        unresolvable = "http://rolloutgate-no-such-host.invalid:8000"
+        started = time.monotonic()
+        gateway = await make_gateway(
+            engines=[EngineSpec(url=refused, family="sglang"), EngineSpec(url=unresolvable, family="sglang")],
+            time_scale=SCALE,
+            no_engine_grace=10.0,  # 1 s real: queued requests fail fast while no engine is reachable
+            health_interval=2.0,  # 0.2 s real between join attempts
+        )
+        assert time.monotonic() - started < 10, "start-up waited for unreachable engines"
+        assert (await http.get(f"{gateway.url}/ready")).status_code == 503
+        early = await http.post(f"{gateway.url}/v1/chat/completions", json=chat(8))
+        assert early.status_code == 503, early.text
+        assert early.headers.get("Retry-After")
 
-    async with SimCluster(engines=1, time_scale=SCALE, base_port=port) as cluster:  # the engine comes up late
-        await wait_for(lambda: len(gateway.context.pool.engines) == 1, what="the late engine joined")
-        ready = await http.get(f"{gateway.url}/ready")
-        assert ready.status_code == 200
-        response = await http.post(f"{gateway.url}/v1/chat/completions", json=chat(8))
-        assert_complete_chat(response, 8)
-        assert response.headers["X-Rolloutgate-Engine"] == cluster.urls[0]
-    bump_figure("faults_survived.engine_refused_at_start", 1)
-    bump_figure("faults_survived.engine_dns_failure_at_start", 1)
+        reservation.close()  # handed to the engine that comes up late, the moment before it binds
+        async with SimCluster(engines=1, time_scale=SCALE, base_port=port) as cluster:
+            await wait_for(lambda: len(gateway.context.pool.engines) == 1, what="the late engine joined")
+            ready = await http.get(f"{gateway.url}/ready")
+            assert ready.status_code == 200
+            response = await http.post(f"{gateway.url}/v1/chat/completions", json=chat(8))
+            assert_complete_chat(response, 8)
+            assert response.headers["X-Rolloutgate-Engine"] == cluster.urls[0]
+        bump_figure("faults_survived.engine_refused_at_start", 1)
+        bump_figure("faults_survived.engine_dns_failure_at_start", 1)

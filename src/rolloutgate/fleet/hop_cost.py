@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rolloutgate.fleet.launch import start_fleet
 
-    sim_args = ["sim", "--engines", "2", "--time-scale", str(TIME_SCALE)]
+    sim_args = ["sim", "--engines", "2", "--base-port", "0", "--time-scale", str(TIME_SCALE)]
     with rolloutgate_process(sim_args, "engine ", 2) as engines:
         serve_args = ["serve", "--port", "0", "--time-scale", str(TIME_SCALE), "--log-level", "warning"]
         for url in engines:

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rolloutgate.fleet.launch import start_fleet
 
-    sim_args = ["sim", "--engines", str(args.engines), "--time-scale", str(TIME_SCALE)]
+    sim_args = ["sim", "--engines", str(args.engines), "--base-port", "0", "--time-scale", str(TIME_SCALE)]
     with rolloutgate_process(sim_args, "engine ", args.engines) as engines:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         try:
