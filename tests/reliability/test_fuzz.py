@@ -82,6 +82,22 @@ json_values = st.recursive(
     max_leaves=25,
 )
 small_ints = st.integers(-5, 300)
+# Token ids: in the engines' vocabulary and out of it. An id past SGLang 0.5.9's vocabulary, or a negative one,
+# kills the engine (reference/real-sglang.md): the gateway refuses them first (server/validate.py).
+VOCAB = 151_936  # the embedded simulator's (sim/tokens.py DEFAULT_VOCAB_SIZE), learned from its /server_info
+token_ids = st.one_of(
+    st.integers(0, VOCAB - 1),
+    st.integers(-5, -1),
+    st.sampled_from([VOCAB, VOCAB + 1, 999_999, 2**31, 2**63 - 1, 2**64, 2**70, -(2**63)]),
+    st.floats(),
+    st.booleans(),
+)
+id_prompts = st.one_of(
+    st.lists(token_ids, min_size=1, max_size=8),
+    st.lists(st.lists(token_ids, max_size=4), min_size=1, max_size=3),
+    # past prompt_ids.FIELD_WISE_FROM: kept as its JSON and scanned, not parsed
+    st.builds(lambda ids, pad: [7] * pad + ids, st.lists(token_ids, min_size=1, max_size=4), st.just(1500)),
+)
 plausible = (
     json_values | small_ints | st.sampled_from(["", "user", "assistant", "system", "tool", "sim-model"])
 )
@@ -127,12 +143,14 @@ CHAT_FIELDS = {
 }
 COMPLETION_FIELDS = {
     **CHAT_FIELDS,
-    "prompt": st.text(max_size=40) | st.lists(small_ints, max_size=8) | json_values,
+    "prompt": st.text(max_size=40) | st.lists(small_ints, max_size=8) | id_prompts | json_values,
+    "input_ids": id_prompts,
 }
 GENERATE_FIELDS = {
     "text": st.text(max_size=40) | st.lists(st.text(max_size=10), max_size=3) | json_values,
     "input_ids": st.lists(small_ints, max_size=8)
     | st.lists(st.lists(small_ints, max_size=4), max_size=3)
+    | id_prompts
     | json_values,
     "sampling_params": st.dictionaries(
         st.sampled_from(["max_new_tokens", "temperature", "stop", "ignore_eos", "n"]), plausible, max_size=4
@@ -201,6 +219,41 @@ def test_inference_endpoints_never_5xx(
 
     run()
     still_serving(http)
+
+
+ID_REFUSALS = {"token_id_out_of_vocabulary", "invalid_token_id", "invalid_value", "invalid_json"}
+
+
+@SETTINGS
+@given(
+    where=st.sampled_from(
+        [("/generate", "input_ids"), ("/v1/completions", "prompt"), ("/v1/chat/completions", "input_ids")]
+    ),
+    ids=id_prompts,
+)
+def test_ids_outside_the_vocabulary_are_refused_before_any_engine(
+    http: httpx.Client, where: tuple[str, str], ids: list[Any]
+) -> None:
+    path, field = where
+    base = {"/generate": GOOD_GENERATE, "/v1/completions": GOOD_COMPLETION}.get(path, GOOD_CHAT)
+    body = {k: v for k, v in base.items() if k not in ("text", "prompt")} | {field: ids}
+    response = http.post(
+        path, content=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    check(response, path)
+
+    def fits(prompt: Any) -> bool:
+        return (
+            isinstance(prompt, list)
+            and bool(prompt)
+            and all(type(t) is int and 0 <= t < VOCAB for t in prompt)
+        )
+
+    is_batch = all(isinstance(item, list) for item in ids)
+    if not (all(fits(p) for p in ids) if is_batch else fits(ids)):
+        # the gateway's own refusal, not an engine's (the simulator's 400 has no such code)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] in ID_REFUSALS, response.text
 
 
 @SETTINGS
