@@ -75,6 +75,7 @@ from rolloutgate.bench.perf.procs import (
 )
 from rolloutgate.bench.perf.report import command_line
 from rolloutgate.bench.perf.report import format_value as fmt
+from rolloutgate.sim.tokens import DEFAULT_VOCAB_SIZE
 
 __all__ = (
     "DEFAULT",
@@ -96,7 +97,7 @@ __all__ = (
 )
 
 TOKENS_PER_S = 70.0  # decode rate of one request, simulated (any batch size)
-VOCAB_SIZE = 151_936  # the simulator's accepted id range (sim/tokens.py)
+VOCAB_SIZE = DEFAULT_VOCAB_SIZE  # the simulator's accepted id range, as the benchmark starts it (Qwen's)
 FIRST_ID = 3  # pad, bos, eos below
 # shared by every session (a system prompt): cross-session cache hits, as in miles
 SYSTEM_PREFIX_TOKENS = 1024
