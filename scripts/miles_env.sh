@@ -29,6 +29,7 @@ pip_install() { "$PY" -m pip install -q "$@" 2>&1 | { grep -v 'is ignored: it is
 [ -f "$MILES_DIR/requirements-tests-cpu.txt" ] || { log "no miles checkout at $MILES_DIR"; exit 2; }
 
 test -x "$VENV/bin/python" || "$PYTHON" -m venv "$VENV"
+VENV=$(cd "$VENV" && pwd)
 PY=$VENV/bin/python
 log "miles' test requirements into $VENV (--no-deps, a few minutes the first time)"
 pip_install --no-deps -r "$MILES_DIR/requirements-tests-cpu.txt"
@@ -85,7 +86,7 @@ print(snapshot)
 EOF
 
 log "checking: miles imports, the tokenizer loads offline"
-(cd "$MILES_DIR" && HF_HOME="$OLDPWD/$VENV/hf" HF_HUB_OFFLINE=1 PYTHONDONTWRITEBYTECODE=1 "$OLDPWD/$PY" -c '
+(cd "$MILES_DIR" && HF_HOME="$VENV/hf" HF_HUB_OFFLINE=1 PYTHONDONTWRITEBYTECODE=1 "$PY" -c '
 from miles.rollout.session.server import SessionServer
 from miles.utils.test_utils.mock_sglang_server import MockSGLangServer
 from transformers import AutoTokenizer
