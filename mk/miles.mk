@@ -6,7 +6,7 @@
 #                     venv or tests/compat/miles change), then its 72 HTTP tests with `rolloutgate serve` (from
 #                     .venv) where miles' servers were, and the two side by side (out/miles/rolloutgate.md).
 #                     Fails on a failure not in tests/compat/miles/expected_failures.toml, or a listed test
-#                     that passes. ~4 min on 2 cores with the baseline, ~3 without.
+#                     that passes. ~3.5 min on 2 cores with the baseline, ~2.5 with it cached.
 #   make miles-diagnose the same HTTP tests with miles' mock also answering what SGLang does and the mock lacks
 #                     (/server_info, /v1/models, meta_info.prompt_tokens), no expected-failure list: what each
 #                     test meets once the engine is admitted (out/miles/diagnose.md). Diagnosis only, never CI.
