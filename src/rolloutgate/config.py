@@ -233,10 +233,10 @@ class GatewaySettings(BaseSettings):
         description="tree sessions (miles' --use-session-server v2): a retry or rollback is a branch, and "
         "/samples gives one sample per leaf the picker keeps",
     )
-    session_picker: Literal["drop_retries", "drop_rolled_back", "keep_all"] = Field(
+    session_picker: Literal["drop_retries", "drop_same_prompt", "keep_all"] = Field(
         default="drop_retries",
-        description="tree sessions: which leaves become samples (drop_retries drops a leaf retried with the "
-        "same prompt; drop_rolled_back keeps only the latest branch of each turn)",
+        description="tree sessions: which leaves become samples (drop_retries, miles' default: a leaf with a "
+        "later sibling is dropped; drop_same_prompt: only one whose later sibling re-sent the same prompt)",
     )
     # session token budgets (rolloutgate/token_budget.py, docs/rl.md): miles sends its --max-seq-len only to
     # /samples, at the end; this gives every session that budget from its first turn

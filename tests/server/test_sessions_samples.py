@@ -215,11 +215,13 @@ async def test_a_chain_the_engine_re_rendered_cannot_be_assembled(
 async def test_a_tree_session_gives_one_sample_per_kept_leaf(
     tapped: tuple[EngineTap, str], make_gateway: MakeGateway, http: httpx.AsyncClient
 ) -> None:
-    """miles' v2: a retried turn (same prompt) is a sibling the picker drops; a rollback (another tool result)
-    is a branch of its own. The shared first turn trains once, in the leaf committed first; the reward goes
+    """miles' v2 with the `drop_same_prompt` picker: a retried turn (same prompt) is a sibling the picker drops;
+    a rollback (another tool result) is a branch of its own. The shared first turn trains once, in the leaf committed first; the reward goes
     to every sample."""
     tap, tokenizer = tapped
-    gateway = await gateway_on(make_gateway, tap, tokenizer, session_tree=True)
+    gateway = await gateway_on(
+        make_gateway, tap, tokenizer, session_tree=True, session_picker="drop_same_prompt"
+    )
     session_id = (await http.post(f"{gateway.url}/sessions")).json()["session_id"]
     client = openai.AsyncOpenAI(base_url=f"{gateway.url}/sessions/{session_id}/v1", api_key="unused")
     first = [{"role": "user", "content": "what is the weather"}]

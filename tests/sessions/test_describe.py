@@ -1,35 +1,9 @@
-"""`GET /sessions/{id}` beyond the records: miles' tree tables and its `tito_session_mismatch`."""
+"""`GET /sessions/{id}` beyond the records and the tree: miles' `tito_session_mismatch`."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from rolloutgate.sessions.describe import token_mismatch, tree_metadata
+from rolloutgate.sessions.describe import token_mismatch
 from rolloutgate.sessions.render import ChatRenderer
-from rolloutgate.sessions.samples import TreePath
-from tests.sessions.conftest import make_record
-
-
-def test_tree_tables_have_a_node_per_turn_and_a_leaf_per_path_end() -> None:
-    first, cut, retried = make_record(0), make_record(1), make_record(1, reply="again")
-    cut = type(cut)(**{**_fields(cut), "finish_reason": "length"})
-    paths = [TreePath([first, cut], [1, 2]), TreePath([first, retried], [1, 3])]
-    tables = tree_metadata(paths)
-    assert [(n["id"], n["parent"], n["truncated"]) for n in tables["nodes"]] == [
-        (1, None, False),
-        (2, 1, True),
-        (3, 1, False),
-    ]
-    assert tables["leaves"] == [
-        {"node_id": 2, "path_node_ids": [1, 2]},
-        {"node_id": 3, "path_node_ids": [1, 3]},
-    ]
-    node = tables["nodes"][0]
-    assert node["completion_span"] == [len(first.prompt_new_ids), node["num_tokens"]]
-
-
-def _fields(record: Any) -> dict[str, Any]:
-    return {name: getattr(record, name) for name in record.__dataclass_fields__ if name != "approx_bytes"}
 
 
 def test_ids_that_are_the_templates_own_have_no_mismatch_and_edits_are_classified(

@@ -481,3 +481,12 @@ def test_a_tree_session_refuses_to_extend_a_turn_cut_off_at_length_but_retries_i
     plain = linear.create(clock.now())
     commit(linear, clock, plain.session_id, cut)
     assert linear.plan_turn(plain, onward, _keys(onward), no_tools, strict=True).kind is TurnKind.EXTEND
+
+
+def test_a_tree_session_of_one_turn_opens_a_new_root(clock: ManualClock, record: Any) -> None:
+    reg = registry(keep_branches=True)
+    session = reg.create(clock.now())
+    commit(reg, clock, session.session_id, record(0))
+    other = [{"role": "user", "content": "another task"}]
+    plan = reg.plan_turn(session, other, _keys(other), tools_key(None, None), strict=True)
+    assert (plan.kind, plan.keep_turns, plan.messages_from) == (TurnKind.ROLLBACK, 0, 0)

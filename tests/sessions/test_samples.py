@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from safetensors.numpy import load
 
 from rolloutgate.sessions.record import TurnRecord, accumulated_ids
-from rolloutgate.sessions.samples import SampleStatus, TreePath, assemble_linear, assemble_tree
+from rolloutgate.sessions.samples import SampleStatus, TreePath, assemble_linear, assemble_tree, tree_metadata
 from rolloutgate.sessions.samples_wire import encode_samples
 from tests.sessions.conftest import make_record
 
@@ -149,8 +149,10 @@ def _paths() -> list[TreePath]:
     return [TreePath(base, [0, 1]), TreePath([base[0], retry[1]], [0, 2]), TreePath([base[0], other], [0, 3])]
 
 
-def test_drop_retries_keeps_rollbacks_and_trains_a_shared_turn_once() -> None:
-    result = assemble_tree(_paths(), max_seq_len=None, decode=None, agent_metadata={"reward": 1})
+def test_drop_same_prompt_keeps_rollbacks_and_trains_a_shared_turn_once() -> None:
+    result = assemble_tree(
+        _paths(), max_seq_len=None, decode=None, picker="drop_same_prompt", agent_metadata={"reward": 1}
+    )
     leaves = [s.metadata["leaf"]["node_id"] for s in result.samples]
     assert leaves == [3, 2]  # seq 1 was retried with the same prompt; longest path first, then newest
     assert [s.reward for s in result.samples] == [1.0, 1.0]
@@ -159,9 +161,15 @@ def test_drop_retries_keeps_rollbacks_and_trains_a_shared_turn_once() -> None:
     assert result.session_metadata["tree"]["leaves"][0] == {"node_id": 1, "path_node_ids": [0, 1]}
 
 
-def test_the_other_pickers() -> None:
-    rolled = assemble_tree(_paths(), max_seq_len=None, decode=None, picker="drop_rolled_back")
+def test_drop_retries_keeps_only_leaves_no_later_sibling_replaced_as_miles_picker_does() -> None:
+    rolled = assemble_tree(_paths(), max_seq_len=None, decode=None)
     assert [s.metadata["leaf"]["node_id"] for s in rolled.samples] == [3]
+    # miles' own example: a leaf whose later sibling is an inner node (the retry went on) is dropped too
+    base, retry = chain([(5, 3), (2, 4)]), chain([(5, 3), (2, 3), (2, 2)])
+    paths = [TreePath(base, [0, 1]), TreePath([base[0], *retry[1:]], [0, 2, 3])]
+    assert [
+        s.metadata["leaf"]["node_id"] for s in assemble_tree(paths, max_seq_len=None, decode=None).samples
+    ] == [3]
     every = assemble_tree(_paths(), max_seq_len=None, decode=None, picker="keep_all")
     assert sorted(s.metadata["leaf"]["node_id"] for s in every.samples) == [1, 2, 3]
     assert assemble_tree([], max_seq_len=None, decode=None).empty_reason == "no_records"
@@ -190,3 +198,19 @@ def test_the_wire_holds_each_field_in_its_dtype_and_either_weight_version_shape(
             "response", "response_length", "status", "weight_versions", "spec_info", "prefix_cache_info",
             "metadata", "nulls",
         }  # fmt: skip
+
+
+def test_tree_tables_have_a_node_per_turn_and_a_leaf_per_path() -> None:
+    base = chain([(5, 3), (2, 4)])
+    cut = dataclasses.replace(chain([(5, 3), (2, 3)])[1], finish_reason="length")
+    tables = tree_metadata([TreePath(base, [0, 1]), TreePath([base[0], cut], [0, 2])])
+    assert [(n["id"], n["parent"], n["truncated"]) for n in tables["nodes"]] == [
+        (0, None, False),
+        (1, 0, False),
+        (2, 0, True),
+    ]
+    assert tables["leaves"] == [
+        {"node_id": 1, "path_node_ids": [0, 1]},
+        {"node_id": 2, "path_node_ids": [0, 2]},
+    ]
+    assert tables["nodes"][1]["completion_span"] == [10, 14] and tables["nodes"][1]["num_tokens"] == 14

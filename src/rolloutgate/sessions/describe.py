@@ -1,9 +1,6 @@
-"""What `GET /sessions/{id}` shows beyond the records, in miles' shapes (pure functions, no I/O).
+"""What `GET /sessions/{id}` shows beyond the records and the tree (samples.py `tree_metadata`), in miles' shape.
 
-- `tree_metadata`: a tree session's node and leaf tables (miles' v2 `tree_metadata`): a node per committed turn
-  of any path, keyed by its commit seq, with its parent, whether it was cut off at `length`, and the span of
-  its completion in the node's ids; a leaf per path end that no other node extends.
-- `token_mismatch`: miles' `tito_session_mismatch`, which its rollout metrics read (`tito_session_mismatch_rate`):
+`token_mismatch` is miles' `tito_session_mismatch`, which its rollout metrics read (`tito_session_mismatch_rate`):
   the session's ids against the template's own rendering of its messages, split at special tokens and compared
   segment by segment. Assistant text differing is expected (the ids are the engine's, not a re-tokenization;
   earlier reasoning a template drops is kept as generated); anything else is a TITO bug worth a metric.
@@ -16,43 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rolloutgate.sessions.render import ChatRenderer
-    from rolloutgate.sessions.samples import TreePath
 
-__all__ = ("token_mismatch", "tree_metadata")
-
-
-def tree_metadata(paths: Sequence[TreePath]) -> dict[str, Any]:
-    nodes: dict[int, dict[str, Any]] = {}
-    parents: set[int] = set()
-    for path in paths:
-        parent: int | None = None
-        for record, seq in zip(path.records, path.seqs, strict=True):
-            prompt_len = record.prompt_prefix_len + len(record.prompt_new_ids)
-            nodes.setdefault(
-                seq,
-                {
-                    "id": seq,
-                    "parent": parent,
-                    "seq": seq,
-                    "truncated": record.finish_reason == "length",
-                    "committed_at": record.finished_at_unix,
-                    "completion_span": [prompt_len, prompt_len + len(record.output_ids)],
-                    "num_tokens": prompt_len + len(record.output_ids),
-                    "response_id": record.response.get("id"),
-                },
-            )
-            if parent is not None:
-                parents.add(parent)
-            parent = seq
-    leaves: list[dict[str, Any]] = []
-    for path in paths:
-        if (
-            path.seqs
-            and path.seqs[-1] not in parents
-            and all(leaf["node_id"] != path.seqs[-1] for leaf in leaves)
-        ):
-            leaves.append({"node_id": path.seqs[-1], "path_node_ids": list(path.seqs)})
-    return {"nodes": sorted(nodes.values(), key=lambda node: node["id"]), "leaves": leaves}
+__all__ = ("token_mismatch",)
 
 
 def token_mismatch(

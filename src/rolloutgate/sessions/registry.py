@@ -509,10 +509,10 @@ class SessionRegistry:
 
 def _deepest_branch_point(session: Session, keys: Sequence[bytes], tools_key: bytes) -> TurnBase | None:
     """Tree sessions (miles' v2): the deepest earlier turn whose state the messages extend, as a branch from
-    there (turn 0: a new root, for a request whose first messages differ); None if only the last two turns
-    could be (the linear rules above already judged those)."""
+    there (turn 0: a new root, for a request whose first messages differ); None if none is (the turn before
+    the last is the linear rules' rollback, judged the same way)."""
     records = session.records
-    for keep in range(len(records) - 2, -1, -1):
+    for keep in range(len(records) - 1, -1, -1):
         if keep and records[keep - 1].tools_key != tools_key:
             continue
         state_keys = session.state_after(keep)[1]

@@ -43,8 +43,8 @@ __all__ = (
 )
 
 Decode = Callable[[Sequence[int]], str]
-Picker = Literal["drop_retries", "drop_rolled_back", "keep_all"]
-PICKERS: tuple[Picker, ...] = ("drop_retries", "drop_rolled_back", "keep_all")
+Picker = Literal["drop_retries", "drop_same_prompt", "keep_all"]
+PICKERS: tuple[Picker, ...] = ("drop_retries", "drop_same_prompt", "keep_all")
 
 
 class SampleStatus(enum.Enum):
@@ -258,17 +258,10 @@ def assemble_tree(
     """miles' v2: one sample per leaf the picker keeps (paths: the current one and every branch)."""
     paths = [p for p in paths if p.records]
     leaves = [_leaf(p, max_seq_len, decode) for p in paths]
-    nodes = _nodes(leaves)
     metadata: dict[str, Any] = {
         "accumulated_token_ids": leaves[0].trajectory.token_ids if leaves else [],
         "max_trim_tokens": 0,
-        "tree": {
-            "nodes": [nodes[seq] for seq in sorted(nodes)],
-            "leaves": [
-                {"node_id": leaf.node_id, "path_node_ids": list(leaf.path.seqs)}
-                for leaf in sorted(leaves, key=lambda leaf: leaf.node_id)
-            ],
-        },
+        "tree": _tree_tables([(leaf.path, leaf.trajectory) for leaf in leaves]),
     }
     if agent_metadata is not None:
         metadata["agent"] = dict(agent_metadata)
@@ -302,11 +295,18 @@ def _leaf(path: TreePath, max_seq_len: int | None, decode: Decode | None) -> _Le
     return _Leaf(path, trajectory, _merge(kept, trajectory, decode) if kept else None)
 
 
-def _nodes(leaves: Sequence[_Leaf]) -> dict[int, dict[str, Any]]:
+def tree_metadata(paths: Sequence[TreePath]) -> dict[str, Any]:
+    """miles' v2 tree tables (`GET /sessions/{id}` and the samples' `session_metadata.tree`): a node per
+    committed turn of any path, keyed by its commit seq (`completion_span`: its output's place in the path's
+    ids), and a leaf per path (a path always ends where another left it: retries and rollbacks replace)."""
+    return _tree_tables([(path, _trajectory(path.records)) for path in paths if path.records])
+
+
+def _tree_tables(paths: Sequence[tuple[TreePath, Trajectory]]) -> dict[str, Any]:
     nodes: dict[int, dict[str, Any]] = {}
-    for leaf in leaves:
+    for path, trajectory in paths:
         parent: int | None = None
-        for seq, record, span in zip(leaf.path.seqs, leaf.path.records, leaf.trajectory.spans, strict=True):
+        for seq, record, span in zip(path.seqs, path.records, trajectory.spans, strict=True):
             nodes.setdefault(
                 seq,
                 {
@@ -321,31 +321,44 @@ def _nodes(leaves: Sequence[_Leaf]) -> dict[int, dict[str, Any]]:
                 },
             )
             parent = seq
-    return nodes
+    return {
+        "nodes": [nodes[seq] for seq in sorted(nodes)],
+        "leaves": [
+            {"node_id": path.seqs[-1], "path_node_ids": list(path.seqs)}
+            for path, _ in sorted(paths, key=lambda entry: entry[0].seqs[-1])
+        ],
+    }
 
 
-def _prompt_digest(leaf: _Leaf) -> bytes:
-    """The leaf turn's prompt ids, digested: a retry re-sends the same prompt."""
-    prompt = array("q", leaf.trajectory.token_ids[: leaf.trajectory.spans[-1].output_start])
+def _prompt_digest(trajectory: Trajectory, turn: int) -> bytes:
+    """Turn `turn`'s prompt ids, digested: a retry re-sends the same prompt."""
+    prompt = array("q", trajectory.token_ids[: trajectory.spans[turn].output_start])
     return hashlib.sha256(prompt.tobytes()).digest()
 
 
 def _pick(leaves: Sequence[_Leaf], picker: Picker) -> list[_Leaf]:
-    """`drop_retries` (miles' `drop_retries_same_prompt`): a leaf is dropped when a later node under the same
-    parent had the same prompt (the same request, retried); a rollback (another tool result: another prompt)
-    stays a sample of its own. `drop_rolled_back`: any later node under the same parent drops it (as v1
-    keeps only the current path). `keep_all`: every leaf."""
+    """`drop_retries` (miles' default picker, `picker_hub/drop_retries.py`): a leaf with any later node under
+    the same parent was abandoned for it (a retry, or a rollback to another tool result): it is dropped;
+    a root leaf is kept. `drop_same_prompt`: dropped only when a later node under the same parent had the same
+    prompt (the very request re-sent), so a rollback stays a sample of its own. `keep_all`: every leaf."""
     if picker == "keep_all":
         return list(leaves)
-    children: dict[int | None, list[_Leaf]] = {}
+    later_siblings: dict[int, list[int]] = {}  # node -> the nodes under the same parent committed after it
+    prompts: dict[int, bytes] = {}
     for leaf in leaves:
-        children.setdefault(leaf.parent, []).append(leaf)
+        for depth, seq in enumerate(leaf.path.seqs):
+            if depth and seq not in prompts:
+                parent = leaf.path.seqs[depth - 1]
+                prompts[seq] = _prompt_digest(leaf.trajectory, depth)
+                later_siblings.setdefault(parent, []).append(seq)
     kept = []
     for leaf in leaves:
-        later = [other for other in children[leaf.parent] if other.node_id > leaf.node_id]
-        if picker == "drop_retries" or leaf.parent is None:
-            digest = _prompt_digest(leaf)
-            later = [other for other in later if _prompt_digest(other) == digest]
+        if leaf.parent is None:
+            kept.append(leaf)
+            continue
+        later = [seq for seq in later_siblings[leaf.parent] if seq > leaf.node_id]
+        if picker == "drop_same_prompt":
+            later = [seq for seq in later if prompts[seq] == prompts[leaf.node_id]]
         if not later:
             kept.append(leaf)
     return kept

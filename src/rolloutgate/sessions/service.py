@@ -30,7 +30,7 @@ from rolloutgate.core.clock import Clock
 from rolloutgate.core.timing import TimingBreakdown
 from rolloutgate.errors import BadRequest
 from rolloutgate.sessions import tito
-from rolloutgate.sessions.describe import token_mismatch, tree_metadata
+from rolloutgate.sessions.describe import token_mismatch
 from rolloutgate.sessions.errors import (
     ChatTemplateError,
     EngineAnswerInvalid,
@@ -49,7 +49,7 @@ from rolloutgate.sessions.record import (
 )
 from rolloutgate.sessions.registry import SessionRegistry
 from rolloutgate.sessions.render import ChatRenderer
-from rolloutgate.sessions.samples import Picker, TreePath, assemble_linear, assemble_tree
+from rolloutgate.sessions.samples import Picker, TreePath, assemble_linear, assemble_tree, tree_metadata
 from rolloutgate.sessions.samples_wire import WeightVersionsWire, encode_samples
 from rolloutgate.sessions.session import Session, TurnTicket
 

@@ -41,7 +41,7 @@ ENGINE_ADMIT_WAIT_S = 1.0
 # instead of outliving the tests' 10 s client timeouts, and a stop does not wait out the 30 s drain.
 BASE_FLAGS = ("--shutdown-grace", "1", "--no-engine-grace", "2", "--log-level", "info")
 SESSION_FLAGS = ("--session-engine-route", "chat", "--samples-weight-versions", "strings")
-PICKERS = ("drop_retries", "drop_rolled_back", "keep_all")
+PICKERS = ("drop_retries", "drop_same_prompt", "keep_all")
 
 
 @cache
