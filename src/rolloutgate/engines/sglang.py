@@ -24,6 +24,7 @@ Theory of operation (facts from reference/engines.md, section A):
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -64,7 +65,7 @@ from rolloutgate.engines.openai_stream import client_wants_usage, upstream_body
 from rolloutgate.engines.push_call import start_generation
 from rolloutgate.engines.upstream import UpstreamPool
 
-__all__ = ("SglangClient", "aborted_in_queue")
+__all__ = ("SglangClient", "aborted_in_queue", "decode_tokens")
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,12 @@ _CHAT_NON_STREAMABLE = ("return_meta_info", "return_token_ids", "return_prompt_t
 _PAUSE_MODES = {"abort": "abort", "retract": "retract", "in_place": "in_place", "keep": "in_place"}
 _GATEWAY_DRAINS = frozenset({"drain", "wait"})
 _METRICS = frozenset({"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:generation_tokens_total"})
+# SGLang counts a request's tokens in `sglang:generation_tokens_total` only when the request finishes (0.5.9
+# measured; 0.5.23's TokenizerMetricsCollector alike): a lone long call shows no progress there until its end.
+# Its scheduler bumps `sglang:realtime_tokens_total{mode="decode"}` every decode step: the live counter.
+_DECODE_TOKENS = re.compile(
+    rb'^sglang:realtime_tokens_total\{[^}]*\bmode="decode"[^}]*\}\s+(\S+)', re.MULTILINE
+)
 
 
 def aborted_in_queue(body: dict[str, Any], request_id: str) -> bytes:
@@ -224,10 +231,13 @@ class SglangClient:
                 values = parse_prometheus(text, _METRICS)
                 if "sglang:generation_tokens_total" in values and "sglang:num_running_reqs" in values:
                     self._counter_in_metrics = True
+                    decoded = decode_tokens(text)
                     return EngineLoad(
                         running=int(values["sglang:num_running_reqs"]),
                         waiting=int(values.get("sglang:num_queue_reqs", 0.0)),
-                        generated_tokens_total=values["sglang:generation_tokens_total"],
+                        generated_tokens_total=(
+                            decoded if decoded is not None else values["sglang:generation_tokens_total"]
+                        ),
                     )
             self._counter_in_metrics = False
         answer = await get_json(self._session, self.url + "/v1/loads", limits=limits, what="v1/loads")
@@ -309,6 +319,12 @@ def _first_and_last(params: Any) -> Any:
     if not isinstance(params, dict):
         return params  # not ours to fix: the engine answers 400
     return {**params, "stream_interval": FIRST_AND_LAST}
+
+
+def decode_tokens(text: str) -> float | None:
+    """`sglang:realtime_tokens_total{mode="decode"}` summed over its label sets, else None (not exposed)."""
+    found = [float(m.group(1)) for m in _DECODE_TOKENS.finditer(text.encode())]
+    return sum(found) if found else None
 
 
 def sglang_capacity(info: Mapping[str, Any]) -> int | None:

@@ -542,7 +542,7 @@ class EngineModel:
         self._recent[req.rid] = req
         if len(self._recent) > _RECENT_LIMIT:
             self._recent.popitem(last=False)
-        self.stats.record_finish(reason.kind, req.e2e_latency())
+        self.stats.record_finish(reason.kind, req.e2e_latency(), req.completion_tokens)
 
     def _retract_all(self, now: float) -> None:
         """Every admitted request goes back to the head of the queue, its KV freed (SGLang `retract`)."""

@@ -294,8 +294,12 @@ class SGLangRoutes:
             return _error("new_version is required")
         if body.get("abort_all_requests", True):
             self.engine.abort_all()
-        self.engine.set_weight_version(str(body["new_version"]))
-        return json_response({"success": True, "message": f"Weight version updated to {body['new_version']}"})
+        version = str(body["new_version"])
+        self.engine.set_weight_version(version)
+        # the answer names the new version (0.5.9 measured: `{"success", "message", "new_version"}`)
+        return json_response(
+            {"success": True, "message": f"Weight version updated to {version}", "new_version": version}
+        )
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         timeout = float(request.query.get("timeout", 0) or 0)

@@ -47,6 +47,7 @@ class EngineStats:
         "cached_tokens_total",
         "e2e",
         "finished_by_reason",
+        "finished_generated_tokens_total",
         "generated_tokens_total",
         "progress_events",
         "prompt_tokens_total",
@@ -57,7 +58,8 @@ class EngineStats:
     )
 
     def __init__(self) -> None:
-        self.generated_tokens_total = 0
+        self.generated_tokens_total = 0  # live: every token as it is made
+        self.finished_generated_tokens_total = 0  # a request's tokens, counted when it finishes
         self.prompt_tokens_total = 0
         self.cached_tokens_total = 0
         self.requests_total = 0
@@ -67,11 +69,13 @@ class EngineStats:
         self.progress_events = 0  # steps completed (SGLang's health check watches for any)
         self.ttft = Histogram()
         self.e2e = Histogram()
-        self.queue_time = Histogram()  # submission to start of prefill (vLLM's request_queue_time_seconds)
+        # submission to start of prefill (vLLM's request_queue_time_seconds, SGLang's queue_time_seconds)
+        self.queue_time = Histogram()
         self._samples: deque[tuple[float, int]] = deque([(0.0, 0)])
 
-    def record_finish(self, kind: str, e2e_s: float) -> None:
+    def record_finish(self, kind: str, e2e_s: float, completion_tokens: int = 0) -> None:
         self.finished_by_reason[kind] = self.finished_by_reason.get(kind, 0) + 1
+        self.finished_generated_tokens_total += completion_tokens
         if kind == "abort":
             self.aborted_total += 1
         self.e2e.observe(e2e_s)
