@@ -11,13 +11,42 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.e2e.harness import BACKEND, EngineSet, Gateway, Metrics, start_gateway, start_sim
+from tests.e2e.harness import (
+    API,
+    BACKEND,
+    BACKENDS,
+    EngineSet,
+    Gateway,
+    Metrics,
+    sglang_version,
+    start_gateway,
+    start_sim,
+)
 
 # LiteLLM tries to download a price map at import without this; the machine has no internet.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 MakeGateway = Callable[..., Gateway]
 IDLE_TIMEOUT_S = 60.0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "api(name): runs only on backends that speak this engine API")
+    config.addinivalue_line("markers", "backend(*names): runs only on these backends")
+
+
+def is_selected(item: pytest.Item) -> bool:
+    api, backend = item.get_closest_marker("api"), item.get_closest_marker("backend")
+    return (api is None or API in api.args) and (backend is None or BACKEND in backend.args)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    keep, drop = [], []
+    for item in items:
+        (keep if is_selected(item) else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session")
@@ -29,31 +58,34 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def engines(log_dir: Path) -> Iterator[EngineSet]:
-    if BACKEND == "vllm":
+    if BACKEND in ("vllm", "sglang"):
         urls = tuple(u.rstrip("/") for u in os.environ.get("E2E_ENGINE_URLS", "").split(",") if u)
         if not urls:
-            raise pytest.UsageError("E2E_BACKEND=vllm needs E2E_ENGINE_URLS (make test-e2e sets it)")
+            raise pytest.UsageError(f"E2E_BACKEND={BACKEND} needs E2E_ENGINE_URLS (make test-e2e* sets it)")
         model = httpx.get(urls[0] + "/v1/models", timeout=10.0).json()["data"][0]
         yield EngineSet(
-            backend="vllm",
+            backend=BACKEND,
             urls=urls,
             model=model["id"],
             max_num_seqs=int(os.environ.get("E2E_MAX_NUM_SEQS", "4")),
             max_model_len=int(model.get("max_model_len") or 2048),
+            api=API,
+            version=sglang_version(urls[0]) if API == "sglang" else "",
         )
-    elif BACKEND == "sim":
+    elif BACKEND in ("sim", "sim-sglang"):
         process, engine_set = start_sim(
             log_dir,
             engines=2,
             max_num_seqs=int(os.environ.get("E2E_MAX_NUM_SEQS", "4")),
             time_scale=float(os.environ.get("E2E_SIM_TIME_SCALE", "3")),
+            api=API,
         )
         try:
             yield engine_set
         finally:
             process.stop()
     else:
-        raise pytest.UsageError(f"E2E_BACKEND must be 'vllm' or 'sim', not {BACKEND!r}")
+        raise pytest.UsageError(f"E2E_BACKEND must be one of {', '.join(BACKENDS)}, not {BACKEND!r}")
 
 
 @pytest.fixture(scope="session")
@@ -75,10 +107,13 @@ def gateways(engines: EngineSet, log_dir: Path) -> Iterator[MakeGateway]:
 
 @pytest.fixture(autouse=True)
 def engines_idle(engines: EngineSet) -> None:
-    """Before each test: no engine paused, nothing running or waiting on any engine."""
+    """Before each test: no engine paused, nothing running or waiting on any engine. SGLang 0.5.9 states no
+    pause flag, so it is told to continue whatever its state (a no-op when it runs)."""
     with httpx.Client(timeout=30.0) as client:
         for url in engines.urls:
-            if client.get(url + "/is_paused").json().get("is_paused"):
+            if engines.api == "sglang":
+                client.post(url + "/continue_generation", json={}).raise_for_status()
+            elif client.get(url + "/is_paused").json().get("is_paused"):
                 client.post(url + "/resume").raise_for_status()
         deadline = time.monotonic() + IDLE_TIMEOUT_S
         while True:

@@ -1,9 +1,16 @@
 """Backends, processes and probes for the end-to-end suite (docs/e2e.md).
 
-The same client-side test code runs against two backends, chosen by `E2E_BACKEND`:
+The same client-side test code runs against four backends, chosen by `E2E_BACKEND`:
 
 - `vllm`: real vLLM engines started by `scripts/e2e_run.sh` (`make test-e2e`), named by `E2E_ENGINE_URLS`;
-- `sim` (the default): the simulator in `--api vllm` mode, started here as a subprocess.
+- `sim` (the default): the simulator in `--api vllm` mode, started here as a subprocess;
+- `sglang`: real SGLang 0.5.9 engines started by `scripts/e2e_sglang_run.sh` (`make test-e2e-sglang`);
+- `sim-sglang`: the simulator in `--api sglang` mode (`make test-e2e-sim-sglang`).
+
+Each backend speaks one engine API (`API`: "vllm" or "sglang"); a test written for one API only carries
+`@pytest.mark.api("sglang")` (or "vllm") and is deselected on the other backends (conftest.py). The engine
+control a test drives directly (pause, resume, the weight version, the pause flag) goes through the helpers
+below, which speak the backend's API.
 
 Either way the gateway runs as a subprocess (`rolloutgate serve`), exactly as an operator runs it, and every
 check of what an engine did reads the engine itself (its `/metrics`, `/is_paused`, `/weight_info`), never the
@@ -30,21 +37,33 @@ from typing import Any, TypeVar
 import httpx
 
 __all__ = (
+    "API",
     "BACKEND",
+    "BACKENDS",
+    "METRIC_NAMES",
     "EngineSet",
     "Gateway",
     "ManagedProcess",
     "Metrics",
     "MetricsMonitor",
+    "engine_is_paused",
+    "engine_weight_version",
     "free_port",
+    "pause_engine",
+    "resume_engine",
     "scrape",
     "scrape_all",
+    "sglang_version",
+    "start_extra_engine",
     "start_gateway",
     "start_sim",
     "wait_for",
 )
 
 BACKEND = os.environ.get("E2E_BACKEND", "sim")
+# backend -> the engine API it speaks
+BACKENDS = {"vllm": "vllm", "sim": "vllm", "sglang": "sglang", "sim-sglang": "sglang"}
+API = BACKENDS.get(BACKEND, "vllm")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SIM_CONTEXT_LEN = 8192  # as the real engines' --max-model-len
 T = TypeVar("T")
@@ -54,11 +73,14 @@ T = TypeVar("T")
 class EngineSet:
     """The engines a test session runs against."""
 
-    backend: str  # "vllm" or "sim"
+    backend: str  # "vllm", "sim", "sglang" or "sim-sglang"
     urls: tuple[str, ...]
     model: str  # the served model name
-    max_num_seqs: int  # requests each engine runs at once (vLLM --max-num-seqs)
+    # requests each engine runs at once (vLLM --max-num-seqs, SGLang --max-running-requests)
+    max_num_seqs: int
     max_model_len: int
+    api: str = "vllm"  # the engine API: "vllm" or "sglang"
+    version: str = ""  # SGLang: the version its /server_info states ("0.5.9" real, "0.5.23" the simulator)
 
 
 def free_port() -> int:
@@ -71,7 +93,12 @@ class ManagedProcess:
     """A subprocess in its own process group, its output in a log file, stopped by PID (the whole group)."""
 
     def __init__(
-        self, name: str, argv: list[str], log_path: Path, env: Mapping[str, str] | None = None
+        self,
+        name: str,
+        argv: list[str],
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> None:
         self.name = name
         self.log_path = log_path
@@ -83,7 +110,7 @@ class ManagedProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
-            cwd=REPO_ROOT,
+            cwd=cwd or REPO_ROOT,
             start_new_session=True,  # own group: stopping it stops its children too
         )
 
@@ -132,20 +159,20 @@ def _get_ok(url: str) -> bool:
         return False
 
 
-_SIM_ENGINE = re.compile(r"^engine (\d+) vllm (http://\S+)", re.MULTILINE)
+_SIM_ENGINE = re.compile(r"^engine (\d+) (?:vllm|sglang) (http://\S+)", re.MULTILINE)
 
 
 def start_sim(
-    log_dir: Path, *, engines: int, max_num_seqs: int, time_scale: float
+    log_dir: Path, *, engines: int, max_num_seqs: int, time_scale: float, api: str = "vllm", name: str = "sim"
 ) -> tuple[ManagedProcess, EngineSet]:
-    """`rolloutgate sim --api vllm` on free ports, shaped like the real engines (slots, context length)."""
+    """`rolloutgate sim --api API` on free ports, shaped like the real engines (slots, context length)."""
     argv = [
         sys.executable, "-m", "rolloutgate", "sim",
-        "--engines", str(engines), "--base-port", "0", "--api", "vllm",
+        "--engines", str(engines), "--base-port", "0", "--api", api,
         "--profile", "default", "--time-scale", str(time_scale),
         "--max-running-requests", str(max_num_seqs), "--context-len", str(SIM_CONTEXT_LEN),
     ]  # fmt: skip
-    process = ManagedProcess("sim", argv, log_dir / "sim.log")
+    process = ManagedProcess(name, argv, log_dir / f"{name}.log")
     found: list[str] = []
 
     def ready() -> bool:
@@ -161,12 +188,92 @@ def start_sim(
         raise
     model = httpx.get(found[0] + "/v1/models", timeout=5.0).json()["data"][0]["id"]
     return process, EngineSet(
-        backend="sim",
+        backend="sim" if api == "vllm" else "sim-sglang",
         urls=tuple(found),
         model=model,
         max_num_seqs=max_num_seqs,
         max_model_len=SIM_CONTEXT_LEN,
+        api=api,
+        version=sglang_version(found[0]) if api == "sglang" else "",
     )
+
+
+def sglang_version(url: str) -> str:
+    return str(httpx.get(url + "/server_info", timeout=30.0).json().get("version", ""))
+
+
+def start_extra_engine(engines: EngineSet, log_dir: Path, name: str) -> tuple[ManagedProcess, str]:
+    """One more engine of the session's kind, owned by the caller (a test that kills it): a real SGLang
+    launched as scripts/e2e_sglang_run.sh launches its engines (keep the two in step), or a one-engine
+    simulator. Returns the process (its group holds the whole engine) and the engine's URL once healthy."""
+    if engines.backend in ("sim", "sim-sglang"):
+        process, one = start_sim(
+            log_dir, engines=1, max_num_seqs=engines.max_num_seqs, time_scale=3.0, api=engines.api, name=name
+        )
+        return process, one.urls[0]
+    if engines.backend != "sglang":
+        raise NotImplementedError(f"no extra engine for backend {engines.backend!r}")
+    python, model = os.environ["E2E_ENGINE_PYTHON"], os.environ["E2E_MODEL_DIR"]
+    port = free_port()
+    work = log_dir / name
+    for sub in ("tmp", "cache"):
+        (work / sub).mkdir(parents=True, exist_ok=True)
+    argv = [
+        python, "-m", "sglang.launch_server", "--model-path", model, "--served-model-name", engines.model,
+        "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--attention-backend", "torch_native",
+        "--sampling-backend", "pytorch", "--disable-overlap-schedule", "--dtype", "float32",
+        "--context-length", str(engines.max_model_len), "--max-running-requests", str(engines.max_num_seqs),
+        "--max-total-tokens", "65536", "--enable-metrics",
+    ]  # fmt: skip
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "DO_NOT_TRACK": "1",
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "TMPDIR": str(work / "tmp"),
+        "XDG_CACHE_HOME": str(work / "cache"),
+    }
+    process = ManagedProcess(name, argv, log_dir / f"{name}.log", env=env, cwd=work)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_sync(name, lambda: _get_ok(url + "/health"), 240.0, process)
+    except BaseException:
+        process.stop()
+        raise
+    return process, url
+
+
+# ---- engine control, in the backend's API -----------------------------------------------------------
+
+
+async def pause_engine(client: httpx.AsyncClient, engines: EngineSet, url: str, mode: str) -> httpx.Response:
+    """Pause one engine directly, as a trainer does. vLLM modes: keep, abort, wait; SGLang: abort, retract,
+    in_place."""
+    if engines.api == "sglang":
+        return await client.post(url + "/pause_generation", json={"mode": mode})
+    return await client.post(url + "/pause", params={"mode": mode})
+
+
+async def resume_engine(client: httpx.AsyncClient, engines: EngineSet, url: str) -> httpx.Response:
+    if engines.api == "sglang":
+        return await client.post(url + "/continue_generation", json={})
+    return await client.post(url + "/resume")
+
+
+async def engine_weight_version(client: httpx.AsyncClient, engines: EngineSet, url: str) -> str:
+    """The weight version the engine states: vLLM `/weight_info`, SGLang `/model_info`."""
+    path = "/model_info" if engines.api == "sglang" else "/weight_info"
+    return str((await client.get(url + path)).json()["weight_version"])
+
+
+async def engine_is_paused(client: httpx.AsyncClient, engines: EngineSet, url: str) -> bool | None:
+    """The engine's own pause flag: vLLM `/is_paused`; SGLang `/ready` 503 (0.5.23). None where the engine
+    states none: SGLang 0.5.9 has no `/ready` (404, paused or not)."""
+    if engines.api != "sglang":
+        return bool((await client.get(url + "/is_paused")).json()["is_paused"])
+    status = (await client.get(url + "/ready")).status_code
+    return None if status == 404 else status == 503
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -220,6 +327,29 @@ _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
+# The names the suite reads, per engine API. SGLang 0.5.9's queue histogram `sglang:queue_time_seconds` has a
+# 1.0 s bucket, as vLLM's has (0.0, 0.1, 0.2, 0.5, 1.0, 2.0, ...).
+METRIC_NAMES = {
+    "vllm": {
+        "running": "vllm:num_requests_running",
+        "waiting": "vllm:num_requests_waiting",
+        "generated": "vllm:generation_tokens_total",
+        "queue_time": "vllm:request_queue_time_seconds",
+        "progress": "vllm:generation_tokens_total",  # vLLM counts every step
+    },
+    "sglang": {
+        "running": "sglang:num_running_reqs",
+        "waiting": "sglang:num_queue_reqs",
+        "generated": "sglang:generation_tokens_total",
+        "queue_time": "sglang:queue_time_seconds",
+        # SGLang counts generation_tokens_total when a request finishes (0.5.9 measured, 0.5.23's source alike):
+        # while a call runs, only realtime_tokens_total{mode="decode"} moves (each decode step)
+        "progress": "sglang:realtime_tokens_total",
+    },
+}
+_NAMES = METRIC_NAMES[API]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True, repr=False)
 class Metrics:
     """One scrape of one engine's /metrics."""
@@ -241,7 +371,8 @@ class Metrics:
 
     def __repr__(self) -> str:
         return (
-            f"<Metrics {self.url} running={self.running} waiting={self.waiting} generated={self.generated}>"
+            f"<Metrics {self.url} running={self.running} waiting={self.waiting} generated={self.generated}"
+            f" progress={self.progress}>"
         )
 
     def names(self) -> set[str]:
@@ -255,23 +386,30 @@ class Metrics:
 
     @property
     def running(self) -> float:
-        return self.value("vllm:num_requests_running")
+        return self.value(_NAMES["running"])
 
     @property
     def waiting(self) -> float:
-        return self.value("vllm:num_requests_waiting")
+        return self.value(_NAMES["waiting"])
 
     @property
     def generated(self) -> float:
-        return self.value("vllm:generation_tokens_total")
+        """Generated tokens, exact once the requests have finished (SGLang counts them at the finish)."""
+        return self.value(_NAMES["generated"])
+
+    @property
+    def progress(self) -> float:
+        """Tokens generated so far, live while requests run: what shows that an engine works or stands still."""
+        return self.value(_NAMES["progress"], mode="decode") if API == "sglang" else self.generated
 
     def finished(self, **labels: str) -> float:
         return self.value("vllm:request_success_total", **labels)
 
     def queued_over(self, seconds: float) -> float:
         """Requests that waited in the engine's own queue longer than `seconds` (a bucket bound of
-        `vllm:request_queue_time_seconds`), ever. Unlike the waiting gauge this is exact after the fact."""
-        name = "vllm:request_queue_time_seconds"
+        `vllm:request_queue_time_seconds` or `sglang:queue_time_seconds`), ever. Unlike the waiting gauge this
+        is exact after the fact."""
+        name = _NAMES["queue_time"]
         for sample, labels, value in self.samples:
             le = dict(labels).get("le")
             if sample == name + "_bucket" and le not in (None, "+Inf") and float(le) == seconds:

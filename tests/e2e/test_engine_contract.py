@@ -16,7 +16,7 @@ from tests.e2e.harness import EngineSet, MetricsMonitor, scrape, wait_for
 
 from rolloutgate.engines.vllm import vllm_capacity
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.api("vllm")]
 
 PROMPT = "Tell me about the sea."
 # Token counts, sized for the tiny model on a 2-core CPU (~280 tok/s alone, ~700 tok/s over 4 streams): LONG

@@ -19,7 +19,8 @@ LONG = 7000  # tokens: ~25 s alone on the tiny CPU model, far beyond grace and d
 
 
 def total_generated(metrics: dict[str, object]) -> float:
-    return sum(m.generated for m in metrics.values())  # type: ignore[attr-defined]
+    """Tokens generated so far, live (SGLang's finished-request counter would stand still mid-call)."""
+    return sum(m.progress for m in metrics.values())  # type: ignore[attr-defined]
 
 
 async def leave_early(url: str, payload: dict[str, object], stream: bool) -> str | None:
