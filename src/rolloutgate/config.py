@@ -204,6 +204,12 @@ class GatewaySettings(BaseSettings):
         description="ask the engine for each session turn's routed experts (`return_routed_experts`), kept in "
         "the turn records and samples (miles' --use-rollout-routing-replay)",
     )
+    session_replay_added_rows: bool = Field(
+        default=False,
+        description="with routing replay, ask the engine only for the rows past the session's checkpoint "
+        "(`routed_experts_start_len`): for trainers that pause in place, keeping the session's KV (miles' "
+        "--pause-generation-mode in_place)",
+    )
     session_indexer_replay: bool = Field(
         default=False,
         description="ask the engine for each session turn's DSA indexer top-k (`return_indexer_topk`; miles' "

@@ -13,6 +13,7 @@ import pytest
 
 from rolloutgate.core.clock import ManualClock
 from rolloutgate.errors import Timeout
+from rolloutgate.sessions import tito
 from rolloutgate.sessions.errors import (
     ChatTemplateError,
     EngineAnswerInvalid,
@@ -514,3 +515,34 @@ async def test_the_chat_route_takes_the_ids_it_sent_when_the_engine_reports_no_p
     session_id = service.create()
     outcome = await service.chat(session_id, chat_body([{"role": "user", "content": "weather in Paris?"}]))
     assert outcome.status == 200 and outcome.recorded
+
+
+async def test_in_place_routing_replay_asks_only_for_the_rows_past_the_checkpoint(
+    clock: ManualClock, renderer: ChatRenderer
+) -> None:
+    """miles' `--pause-generation-mode in_place` with routing replay: `routed_experts_start_len` is the
+    checkpoint's length less one, sent to the engine and kept on the record."""
+    engine = ChatEngine(renderer)
+    service = SessionService(
+        SessionRegistry(SessionLimits()),
+        engine,
+        clock,
+        renderer=renderer,
+        settings=SessionSettings(
+            engine_route="chat",
+            replay_added_rows=True,
+            turn_defaults=tito.TurnDefaults(engine_fields={"return_routed_experts": True}),
+        ),
+    )
+    session_id = service.create()
+    first = [{"role": "user", "content": "weather in Paris?"}]
+    outcome = await service.chat(session_id, chat_body(first))
+    assert outcome.completion is not None and engine.calls[0].body is not None
+    assert engine.calls[0].body["routed_experts_start_len"] == 0
+    checkpoint = len(service.registry.get(session_id, clock.now()).token_ids)
+    reply = outcome.completion["choices"][0]["message"]
+    await service.chat(session_id, chat_body([*first, reply, {"role": "tool", "content": "sunny"}]))
+    assert engine.calls[1].body is not None
+    assert engine.calls[1].body["routed_experts_start_len"] == checkpoint - 1
+    records = service.registry.get(session_id, clock.now()).records
+    assert [r.request["routed_experts_start_len"] for r in records] == [0, checkpoint - 1]

@@ -56,12 +56,7 @@ def test_read_chat_request_normalizes_messages() -> None:
         }
     )
     assert parsed.messages == [{"role": "user", "content": "ab"}]
-    assert (parsed.stream, parsed.include_usage, parsed.wants_logprobs, parsed.top_logprobs) == (
-        True,
-        True,
-        True,
-        2,
-    )
+    assert (parsed.stream, parsed.wants_logprobs, parsed.top_logprobs) == (True, True, 2)
     assert (parsed.model, parsed.wants_meta_info, parsed.wants_token_ids) == ("default", False, False)
 
 
@@ -341,19 +336,11 @@ def test_completion_chunks() -> None:
             }
         ],
     }
-    chunks = [orjson.loads(c) for c in tito.completion_chunks(completion, include_usage=True)]
-    assert [c["object"] for c in chunks] == ["chat.completion.chunk"] * 3
-    assert chunks[0]["choices"][0]["delta"]["tool_calls"][0]["index"] == 0
-    assert chunks[1]["choices"][0]["finish_reason"] == "tool_calls"
-    assert chunks[2] == {
-        "id": "chatcmpl-r",
-        "object": "chat.completion.chunk",
-        "created": 5,
-        "model": "m",
-        "choices": [],
-        "usage": {"total_tokens": 3},
-    }
-    assert len(tito.completion_chunks(completion, include_usage=False)) == 2
+    (chunk,) = [orjson.loads(c) for c in tito.completion_chunks(completion)]  # one chunk, as miles sends
+    assert chunk["object"] == "chat.completion.chunk" and chunk["usage"] == {"total_tokens": 3}
+    (choice,) = chunk["choices"]
+    assert choice["delta"]["tool_calls"][0]["index"] == 0 and choice["finish_reason"] == "tool_calls"
+    assert choice["delta"]["role"] == "assistant" and choice["delta"]["content"] is None
 
 
 def test_lora_and_routing_replay_fields_reach_the_engine_and_the_record() -> None:

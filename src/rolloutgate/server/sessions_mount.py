@@ -122,6 +122,7 @@ def mount_sessions(app: web.Application) -> None:
             picker=settings.session_picker,
             samples_weight_versions=settings.samples_weight_versions,
             max_seq_len=settings.session_max_seq_len,
+            replay_added_rows=settings.session_replay_added_rows,
             turn_defaults=TurnDefaults(
                 template_kwargs=settings.chat_template_kwargs or {}, engine_fields=engine_fields
             ),

@@ -212,11 +212,6 @@ async def _chat(
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}") from exc
     streams = isinstance(body, dict) and bool(body.get("stream"))
-    include_usage = (
-        isinstance(body, dict)
-        and isinstance(body.get("stream_options"), dict)
-        and bool(body["stream_options"].get("include_usage"))
-    )
     turn = asyncio.ensure_future(
         service.chat(request.match_info["session_id"], body, _forward_headers(request))
     )
@@ -255,7 +250,7 @@ async def _chat(
             dict(outcome.error_headers),
             streams,
         )
-    return await _write_completion(request, response, outcome, streams, include_usage)
+    return await _write_completion(request, response, outcome, streams)
 
 
 def _outcome_headers(outcome: ChatOutcome) -> dict[str, str]:
@@ -272,7 +267,6 @@ async def _write_completion(
     response: web.StreamResponse | None,
     outcome: ChatOutcome,
     streams: bool,
-    include_usage: bool,
 ) -> web.StreamResponse:
     assert outcome.completion is not None
     if not streams:
@@ -289,7 +283,7 @@ async def _write_completion(
     if response is None:
         response = web.StreamResponse(status=200, headers={**_SSE_HEADERS, **_outcome_headers(outcome)})
         await response.prepare(request)
-    for chunk in tito.completion_chunks(outcome.completion, include_usage=include_usage):
+    for chunk in tito.completion_chunks(outcome.completion):
         await response.write(b"data: " + chunk + b"\n\n")
     await response.write(SSE_DONE)
     await response.write_eof()

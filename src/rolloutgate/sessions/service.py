@@ -19,7 +19,7 @@ import hashlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 import orjson
@@ -111,6 +111,8 @@ class SessionSettings:
     samples_weight_versions: WeightVersionsWire = "spans"
     max_seq_len: int | None = None  # the token budget of a session created without one (none: no budget)
     turn_defaults: tito.TurnDefaults = field(default_factory=tito.TurnDefaults)  # the launch flags' share
+    # routing replay of only the rows a turn adds past its checkpoint (miles' in_place pause: the KV stays)
+    replay_added_rows: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -271,6 +273,11 @@ class SessionService:
                 template_kwargs=request.template_kwargs,
                 rewritten_history=self.settings.rewritten_history,
             )
+        if self.settings.replay_added_rows and request.body.get("return_routed_experts"):
+            # the checkpoint's rows but its last are a causal prefix of this prompt (the ids extend it): the
+            # engine sends only the rest, and the record keeps the offset it used
+            start = max(0, len(checkpoint.token_ids) - 1)
+            request = replace(request, body={**request.body, "routed_experts_start_len": start})
         ticket = registry.begin_turn(session, base, _request_key(tkey, keys), self.clock.now())
         request_id, request_at = self._new_request_id(), self._wall()
         try:

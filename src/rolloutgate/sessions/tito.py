@@ -83,7 +83,6 @@ class ChatRequest:
     template_kwargs: dict[str, Any] | None
     model: str
     stream: bool
-    include_usage: bool
     wants_logprobs: bool
     top_logprobs: int
     wants_meta_info: bool
@@ -140,7 +139,6 @@ def read_chat_request(body: Any) -> ChatRequest:
         raise BadRequest(
             f"`top_logprobs` must be an integer in [0, {_MAX_TOP_LOGPROBS}]", param="top_logprobs"
         )
-    options = body.get("stream_options")
     return ChatRequest(
         body=body,
         messages=normalize_messages(body.get("messages")),
@@ -148,7 +146,6 @@ def read_chat_request(body: Any) -> ChatRequest:
         template_kwargs=kwargs or None,
         model=str(body.get("model") or "default"),
         stream=bool(body.get("stream")),
-        include_usage=isinstance(options, dict) and bool(options.get("include_usage")),
         wants_logprobs=bool(body.get("logprobs")),
         top_logprobs=top,
         wants_meta_info=bool(body.get("return_meta_info")),
@@ -462,37 +459,37 @@ def reply_message_of(completion: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in message.items() if v is not None}
 
 
-def completion_chunks(completion: dict[str, Any], *, include_usage: bool) -> list[bytes]:
-    """A finished completion as `chat.completion.chunk` SSE data payloads (role+content, finish, usage)."""
-    base = {
+def completion_chunks(completion: dict[str, Any]) -> list[bytes]:
+    """A finished completion as one `chat.completion.chunk` SSE payload, as miles' session server streams it:
+    one delta holding the whole message (tool calls with their `index`: some clients mis-assemble arguments
+    split over chunks), its finish reason, and the usage. Streaming deltas concatenate, so one is legal."""
+    choices = []
+    for choice in completion.get("choices") or []:
+        message = choice.get("message") or {}
+        delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+        if message.get("reasoning_content") is not None:
+            delta["reasoning_content"] = message["reasoning_content"]
+        calls = message.get("tool_calls")
+        if calls:
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+        choices.append(
+            {
+                "index": choice.get("index", 0),
+                "delta": delta,
+                "logprobs": choice.get("logprobs"),
+                "finish_reason": choice.get("finish_reason"),
+            }
+        )
+    chunk: dict[str, Any] = {
         "id": completion["id"],
         "object": "chat.completion.chunk",
         "created": completion.get("created", 0),
         "model": completion.get("model", ""),
+        "choices": choices,
     }
-    chunks: list[dict[str, Any]] = []
-    for choice in completion.get("choices") or []:
-        message = choice.get("message") or {}
-        delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
-        calls = message.get("tool_calls")
-        if calls:
-            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
-        first = {
-            "index": choice.get("index", 0),
-            "delta": delta,
-            "logprobs": choice.get("logprobs"),
-            "finish_reason": None,
-        }
-        last = {
-            "index": choice.get("index", 0),
-            "delta": {},
-            "logprobs": None,
-            "finish_reason": choice.get("finish_reason"),
-        }
-        chunks += [{**base, "choices": [first]}, {**base, "choices": [last]}]
-    if include_usage and completion.get("usage") is not None:
-        chunks.append({**base, "choices": [], "usage": completion["usage"]})
-    return [orjson.dumps(chunk) for chunk in chunks]
+    if completion.get("usage") is not None:
+        chunk["usage"] = completion["usage"]
+    return [orjson.dumps(chunk)]
 
 
 def _str_or_none(value: Any) -> str | None:

@@ -152,7 +152,8 @@ def _translate(launch: Launch, setting: str, value: Any) -> None:
             setting, value, ("--session-indexer-replay", "--indexer-replay", "--return-indexer-topk"), ""
         )
     elif setting == "pause_generation_mode":
-        launch.flag(setting, value, ("--pause-generation-mode", "--session-pause-mode"))
+        if value == "in_place":  # the KV stays: routing replay asks only for the rows past the checkpoint
+            launch.flag(setting, value, ("--session-replay-added-rows",), "")
     elif setting == "lora_rank":
         if value:
             from miles.utils.lora import (
