@@ -34,6 +34,7 @@ $(MILES_BASELINE): $(MILES_STAMP) $(wildcard tests/compat/miles/*.py) $(shell fi
 
 test-miles: $(READY) $(MILES_STAMP) $(MILES_BASELINE)
 	$(MILES_RUN) run --baseline $(MILES_BASELINE) --out $(MILES_OUT)/rolloutgate.json
+	$(MILES_RUN) fixed-template --out $(MILES_OUT)/fixed-template.json
 
 miles-diagnose: $(READY) $(MILES_STAMP) $(MILES_BASELINE)
 	-RG_MILES_MOCK_LIKE_SGLANG=1 $(MILES_RUN) run --baseline $(MILES_BASELINE) --out $(MILES_OUT)/diagnose.json \

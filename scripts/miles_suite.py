@@ -31,10 +31,13 @@ REPO = Path(__file__).resolve().parents[1]
 COMPAT = REPO / "tests" / "compat" / "miles"
 EXPECTED = COMPAT / "expected_failures.toml"
 SUITE = "tests/fast/router"
+PARITY = "tests/fast/router/test_session_v1_v2_parity.py"
 RUN_TIMEOUT_S = 1800  # a hung run is stopped whole (pytest and the gateways it started share its group)
 
 
-def run_pytest(mode: str, miles_dir: Path, venv: Path, report: Path, extra_env: dict[str, str]) -> int:
+def run_pytest(
+    mode: str, miles_dir: Path, venv: Path, report: Path, extra_env: dict[str, str], tests: str = SUITE
+) -> int:
     env = dict(os.environ)
     env.update(
         {
@@ -49,7 +52,7 @@ def run_pytest(mode: str, miles_dir: Path, venv: Path, report: Path, extra_env: 
         }
     )
     command = [
-        sys.executable, "-m", "pytest", SUITE,
+        sys.executable, "-m", "pytest", tests,
         "-p", "rg_miles_plugin", "-p", "no:cacheprovider",
         # miles' addopts (--verbose --durations=0) print a line per test: left out, nothing else changed
         "-o", "addopts=", "--strict-markers", "-q", "--tb=short", "-rfE",
@@ -198,7 +201,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", choices=["baseline", "run", "summary"])
+    parser.add_argument("command", choices=["baseline", "run", "summary", "fixed-template"])
     parser.add_argument("--miles-dir", type=Path, default=REPO.parent / "shared" / "peers" / "miles")
     parser.add_argument("--venv", type=Path, default=REPO / ".venv-miles")
     parser.add_argument("--baseline", type=Path, default=REPO / "out" / "miles" / "baseline.json")
@@ -213,6 +216,15 @@ def main() -> int:
         print(
             f"[test-miles] baseline: pytest exit {status} in {time.monotonic() - started:.0f} s", flush=True
         )
+        return status
+
+    if options.command == "fixed-template":
+        # miles' agent parity test again, with the fixed template miles registers for its family (qwen3:
+        # qwen3_fixed.jinja, clear_thinking false) passed as --chat-template-path: 16 trajectories, both codecs
+        status = run_pytest(
+            "rolloutgate", miles_dir, venv, options.out.resolve(), {"RG_MILES_FIXED_TEMPLATE": "1"}, PARITY
+        )
+        print(f"[test-miles] parity on miles' fixed template: pytest exit {status}", flush=True)
         return status
 
     if options.command == "run":

@@ -214,3 +214,18 @@ def test_tree_tables_have_a_node_per_turn_and_a_leaf_per_path() -> None:
         {"node_id": 2, "path_node_ids": [0, 2]},
     ]
     assert tables["nodes"][1]["completion_span"] == [10, 14] and tables["nodes"][1]["num_tokens"] == 14
+
+
+def test_tree_samples_carry_the_agents_metadata_and_the_current_paths_ids_as_miles_does() -> None:
+    result = assemble_tree(
+        _paths(),
+        max_seq_len=None,
+        decode=None,
+        agent_metadata={"driver_events": ["append_tool"], "leaf": "not the agent's", "reward": 1},
+    )
+    (sample,) = result.samples
+    assert sample.metadata["driver_events"] == ["append_tool"]  # the agent's, on the sample
+    assert sample.metadata["leaf"]["node_id"] == 3  # the server's own keys win
+    current = _paths()[-1]
+    assert result.session_metadata["accumulated_token_ids"] == accumulated_ids(current.records).tolist()
+    assert sample.metadata["accumulated_token_ids"] == accumulated_ids(current.records).tolist()

@@ -43,6 +43,7 @@ __all__ = (
 )
 
 Decode = Callable[[Sequence[int]], str]
+_SERVER_OWNED_METADATA = ("accumulated_token_ids", "tito_session_mismatch", "leaf")
 Picker = Literal["drop_retries", "drop_same_prompt", "keep_all"]
 PICKERS: tuple[Picker, ...] = ("drop_retries", "drop_same_prompt", "keep_all")
 
@@ -255,11 +256,11 @@ def assemble_tree(
     picker: Picker = "drop_retries",
     agent_metadata: Mapping[str, Any] | None = None,
 ) -> SamplesResult:
-    """miles' v2: one sample per leaf the picker keeps (paths: the current one and every branch)."""
+    """miles' v2: one sample per leaf the picker keeps (paths: every branch, then the current one)."""
     paths = [p for p in paths if p.records]
     leaves = [_leaf(p, max_seq_len, decode) for p in paths]
     metadata: dict[str, Any] = {
-        "accumulated_token_ids": leaves[0].trajectory.token_ids if leaves else [],
+        "accumulated_token_ids": leaves[-1].trajectory.token_ids if leaves else [],  # the current path
         "max_trim_tokens": 0,
         "tree": _tree_tables([(leaf.path, leaf.trajectory) for leaf in leaves]),
     }
@@ -273,15 +274,22 @@ def assemble_tree(
     chosen.sort(key=lambda leaf: (len(leaf.path.seqs), leaf.node_id), reverse=True)
     _train_shared_turns_once(chosen)
     reward = (agent_metadata or {}).get("reward")
+    # the agent's metadata goes on every sample, less what the server owns (miles' default_postprocess)
+    agent_fields = {k: v for k, v in (agent_metadata or {}).items() if k not in _SERVER_OWNED_METADATA}
     samples = []
     for leaf in chosen:
         sample = leaf.sample
         assert sample is not None
-        sample.metadata["leaf"] = {
-            "node_id": leaf.node_id,
-            "parent": leaf.parent,
-            "path_node_ids": list(leaf.path.seqs),
-            "response_id": leaf.path.records[-1].response.get("id"),
+        sample.metadata = {
+            **sample.metadata,
+            **agent_fields,
+            "accumulated_token_ids": list(leaf.trajectory.token_ids),
+            "leaf": {
+                "node_id": leaf.node_id,
+                "parent": leaf.parent,
+                "path_node_ids": list(leaf.path.seqs),
+                "response_id": leaf.path.records[-1].response.get("id"),
+            },
         }
         if isinstance(reward, int | float) and not isinstance(reward, bool):
             sample.reward = float(reward)

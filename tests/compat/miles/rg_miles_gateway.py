@@ -104,9 +104,29 @@ def launch_from_args(args: Any, backend_url: str | None, *, kind: str = "session
         # miles' session server talks to one SGLang router or engine: the family is known, say it
         launch.engine = backend_url
         launch.flags += ["--engine", f"sglang+{backend_url}"]
+    if (
+        os.environ.get("RG_MILES_FIXED_TEMPLATE")
+        and settings.get("tito_model")
+        and not settings.get("chat_template_path")
+    ):
+        settings.update(
+            _fixed_template(str(settings["tito_model"]), settings.get("apply_chat_template_kwargs"))
+        )
     for setting, value in settings.items():
         _translate(launch, setting, value)
     return launch
+
+
+def _fixed_template(tito_model: str, kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """RG_MILES_FIXED_TEMPLATE: the family's fixed template miles registers (with the kwargs it pins), where
+    the test names none, as a miles user passes it with --chat-template-path: the same tests on it."""
+    from miles.utils.chat_template_utils import resolve_fixed_chat_template
+
+    path, extra = resolve_fixed_chat_template(tito_model)
+    fixed: dict[str, Any] = {"apply_chat_template_kwargs": {**(kwargs or {}), **extra}}
+    if path is not None:
+        fixed["chat_template_path"] = path
+    return fixed
 
 
 def _translate(launch: Launch, setting: str, value: Any) -> None:
