@@ -215,6 +215,11 @@ class GatewaySettings(BaseSettings):
         description="ask the engine for each session turn's DSA indexer top-k (`return_indexer_topk`; miles' "
         "--use-rollout-indexer-replay)",
     )
+    session_error_shape: Literal["openai", "miles"] = Field(
+        default="openai",
+        description="the session API's own errors as OpenAI error objects, or as miles' session server writes "
+        "them ({\"error\": \"<message>\"}, which miles' clients and tests read)",
+    )
     session_max: int = Field(default=10_000, ge=1, description="sessions held at once")
     session_max_records: int = Field(default=1_000, ge=1, description="turn records per session")
     session_idle_ttl: float = Field(

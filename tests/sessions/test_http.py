@@ -423,3 +423,21 @@ async def test_a_client_that_leaves_cancels_its_turn(harness: tuple[Harness, Swi
     # the handler checks its client every second (fake seconds: no real time passes)
     await wait_until(lambda: stats().turns_abandoned_total > 0, "the handler saw its client leave")
     assert (stats().turns_abandoned_total, stats().turns_in_flight, stats().records) == (1, 0, 0)
+
+
+async def test_miles_error_shape_writes_the_session_servers_own_errors_as_miles_does(
+    renderer: ChatRenderer,
+) -> None:
+    """`{"error": "<message>"}` for what the session server itself refuses (miles' clients read the string)."""
+    h, server, _ = await start(renderer, ["x"], error_shape="miles")
+    try:
+        async with h.http.get(f"{h.url}/sessions/nonexistent") as response:
+            assert response.status == 404
+            assert await response.json() == {"error": "session not found: session_id=nonexistent"}
+        sid = await h.new_session()
+        async with h.http.post(f"{h.url}/sessions/{sid}/v1/chat/completions", data=b"{not json") as response:
+            assert response.status == 400
+            assert (await response.json())["error"].startswith("invalid JSON body:")
+    finally:
+        await h.http.close()
+        await server.close()

@@ -156,6 +156,7 @@ def mount_sessions(app: web.Application) -> None:
         proxy=proxy,
         authorize=lambda request: check_api_key(request, settings),
         wrap=guarded,
+        error_shape=settings.session_error_shape,
         sweep_interval_s=ctx.driver.clock.real_seconds(min(30.0, settings.session_idle_ttl / 2)),
     )
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from aiohttp import web
@@ -56,6 +56,7 @@ KeepAliveInterval = Callable[[web.Request, bool], "float | None"]
 # (request, session id, path after the session prefix) -> the response; for proxied paths
 ProxyHandler = Callable[[web.Request, str, str], Awaitable[web.StreamResponse]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+ErrorShape = Literal["openai", "miles"]
 # raises a GatewayError (e.g. 401) for a request that may not use the API
 Authorize = Callable[[web.Request], None]
 
@@ -90,12 +91,14 @@ def add_session_routes(
     authorize: Authorize | None = None,
     wrap: Callable[[Handler], Handler] | None = None,
     sweep_interval_s: float = 30.0,
+    error_shape: ErrorShape = "openai",
 ) -> None:
     """Mount the session API on `app`; also starts a task that evicts idle sessions every `sweep_interval_s`.
 
     `keepalive` chooses the keep-alive interval per request, `proxy` serves the other paths (default: through
     the dispatcher, buffered), `authorize` checks every request first (e.g. the gateway's API keys), `wrap` wraps every handler (e.g. the
-    gateway's guard: drain refusal, running-handler count, errors as JSON).
+    gateway's guard: drain refusal, running-handler count, errors as JSON). `error_shape`: the session server's
+    own errors as OpenAI error objects, or as miles' session server writes them (`{"error": "<message>"}`).
     """
     app[SESSION_SERVICE] = service
     choose = keepalive or default_keepalive()
@@ -107,12 +110,13 @@ def add_session_routes(
                     authorize(request)
                 return await handler(request)
             except GatewayError as error:
-                return web.Response(status=error.status, body=error.body(), headers=error.headers())
+                body = _error_body(error, error_shape)
+                return web.Response(status=error.status, body=body, headers=error.headers())
 
         return wrapped if wrap is None else wrap(wrapped)
 
     async def chat(request: web.Request) -> web.StreamResponse:
-        return await _chat(request, service, choose)
+        return await _chat(request, service, choose, error_shape)
 
     async def proxied(request: web.Request) -> web.StreamResponse:
         session_id, tail = request.match_info["session_id"], "/" + request.match_info["tail"]
@@ -172,7 +176,7 @@ def _json_body(raw: bytes) -> Any:
     try:
         return orjson.loads(raw) if raw.strip() else {}
     except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"the body is not valid JSON: {exc}") from exc
+        raise BadRequest(f"invalid JSON body: {exc}") from exc
 
 
 async def _describe(request: web.Request, service: SessionService) -> web.StreamResponse:
@@ -204,13 +208,17 @@ def _forward_headers(request: web.Request) -> dict[str, str]:
     return forwardable(request.headers, to_engine=True)  # the service looks them up without case
 
 
+def _error_body(error: GatewayError, shape: ErrorShape) -> bytes:
+    return error.body() if shape == "openai" else orjson.dumps({"error": error.message})
+
+
 async def _chat(
-    request: web.Request, service: SessionService, choose: KeepAliveInterval
+    request: web.Request, service: SessionService, choose: KeepAliveInterval, error_shape: ErrorShape
 ) -> web.StreamResponse:
     try:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"the body is not valid JSON: {exc}") from exc
+        raise BadRequest(f"invalid JSON body: {exc}") from exc
     streams = isinstance(body, dict) and bool(body.get("stream"))
     turn = asyncio.ensure_future(
         service.chat(request.match_info["session_id"], body, _forward_headers(request))
@@ -241,7 +249,8 @@ async def _chat(
     try:
         outcome = turn.result()
     except GatewayError as error:
-        return await _write_error(response, error.status, error.body(), error.headers(), streams)
+        body = _error_body(error, error_shape)
+        return await _write_error(response, error.status, body, error.headers(), streams)
     if outcome.completion is None:
         return await _write_error(
             response,

@@ -248,8 +248,9 @@ class SessionRegistry:
         ):
             self._count("truncated")
             raise TruncatedGeneration(
-                f"turn {base.keep_turns - 1} of session {session.session_id} was cut off at its length limit: "
-                "its answer cannot be extended (retry that turn, or branch from an earlier one)"
+                f"truncated generation cannot be extended: turn {base.keep_turns - 1} of session "
+                f"{session.session_id} was cut off at its length limit (retry that turn, or branch from an "
+                "earlier one)"
             )
         return base
 
@@ -486,7 +487,7 @@ class SessionRegistry:
         reason = self._tombstones.get(session_id)
         if reason is not None:
             return SessionEvicted(f"session {session_id} was evicted ({reason.replace('_', ' ')})")
-        return SessionNotFound(f"session not found: {session_id}")
+        return SessionNotFound(f"session not found: session_id={session_id}")
 
     def _evict(self, session: Session, reason: str) -> None:
         del self._sessions[session.session_id]

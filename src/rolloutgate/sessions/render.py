@@ -282,9 +282,9 @@ class ChatRenderer:
             return self.first_prompt(messages, tools=tools, template_kwargs=template_kwargs)
         for at, message in enumerate(messages[len(base.messages) :], start=len(base.messages)):
             if message.get("role") not in APPEND_ROLES:
-                raise ChatTemplateError(
-                    f"appended message at index {at} has role={message.get('role')!r}; after an answer a turn "
-                    f"may append only {sorted(APPEND_ROLES)}",
+                raise ChatTemplateError(  # miles' words, which its clients match
+                    f"appended message at index {at} has role={message.get('role')!r}, allowed="
+                    f"{sorted(APPEND_ROLES)}; the selected TITO fixed template does not support appending this role",
                     param=f"messages[{at}].role",
                 )
         full = self.render(messages, tools=tools, add_generation_prompt=True, template_kwargs=template_kwargs)

@@ -386,7 +386,9 @@ def parse_chat_answer(answer: Any) -> EngineTurn:
         raise EngineAnswerInvalid("the engine's chat answer has no choices")
     choice = choices[0]
     if not isinstance(choice.get("message"), dict):  # nothing to answer the agent with, or to record
-        raise EngineAnswerInvalid("the engine's chat answer has no message")
+        raise EngineAnswerInvalid(
+            "the engine's chat answer has no message (assistant message content is None)"
+        )
     meta = choice.get("meta_info") if isinstance(choice.get("meta_info"), dict) else None
     ids: list[int] = []
     logprobs: list[float] = []

@@ -40,7 +40,9 @@ ENGINE_ADMIT_WAIT_S = 1.0
 # Deployment-2 flags (docs/miles.md) plus what a test run needs: a call that finds no engine fails in 2 s
 # instead of outliving the tests' 10 s client timeouts, and a stop does not wait out the 30 s drain.
 BASE_FLAGS = ("--shutdown-grace", "1", "--no-engine-grace", "2", "--log-level", "info")
-SESSION_FLAGS = ("--session-engine-route", "chat", "--samples-weight-versions", "strings")
+SESSION_FLAGS = (
+    "--session-engine-route", "chat", "--samples-weight-versions", "strings", "--session-error-shape", "miles"
+)  # fmt: skip
 PICKERS = ("drop_retries", "drop_same_prompt", "keep_all")
 
 
