@@ -220,9 +220,16 @@ class EngineCacheFlushed:
 
 @dataclass(**_frozen)
 class EnginePaused:
-    """One engine was paused (a staggered weight update); its requests are not charged meanwhile."""
+    """One engine was paused (a staggered weight update); its requests are not charged meanwhile.
+
+    `unannounced`: the engine paused itself (a trainer paused it directly) and the edge learned it late, from
+    the engine's own flag or from what it shows (server/pool.py): the pause began at some time after the
+    engine's last progress, which is all the core knows of it, so the core counts the pause from then (its
+    silence since its last progress, or since it got work or was resumed, is forgiven: `paused`, not charged),
+    for every request in flight there (request_clock.py `ChargeMeter.backdate_pause`)."""
 
     engine_id: str
+    unannounced: bool = False
 
 
 @dataclass(**_frozen)

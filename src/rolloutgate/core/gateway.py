@@ -22,6 +22,7 @@ Verdicts (ENGINE clock mode; DESIGN.md is authoritative):
 - charged > timeout_s                 -> Abort(TIMEOUT) + Fail(TIMEOUT) with the timing breakdown
 - queue > queue_timeout_s             -> Fail(QUEUE_TIMEOUT, retry_after)
 - wall > max_wall_s                   -> Abort(MAX_WALL) if dispatched + Fail(MAX_WALL)
+- engine says it paused itself (EnginePaused unannounced) -> its silence since its last progress is paused
 - engine silent for its stall window  -> CheckEngine (is it paused?), then, still silent hang_check_s later,
   MarkEngine(quarantined), Abort(ENGINE_HUNG) + re-queue at the front
   (requests pinned to that engine fail with NO_ENGINE, as when their engine leaves; while their engine is
@@ -515,7 +516,12 @@ class Gateway(GatewayLedger):
         engine = self._engines.get(ev.engine_id)
         if engine is not None and not engine.is_paused:
             engine.is_paused = True
-            engine.meter.set_paused(now, True)
+            if ev.unannounced:  # it paused itself after its last progress: its silence is the pause's
+                since = engine.meter.backdate_pause(engine.liveness.silent_since_at(), now)
+                for r in engine.requests.values():
+                    r.clock.rebase(since, now)
+            else:
+                engine.meter.set_paused(now, True)
             self._touch(engine)
             self._refresh_engines(now)
         return []

@@ -40,6 +40,15 @@ The stall *budget* is measured in the same virtual time as the charge: "no progr
 in which the request should have been progressing", so contention and pauses never count as a stall. A resume
 (the meter leaving PAUSED) restarts every request's stall window on that meter.
 
+A pause learned late. An engine that paused itself (a trainer's direct pause) is seen by the edge a while
+after it began; all the core knows is that it began after the engine's last progress. `backdate_pause(since,
+now)` counts the meter PAUSED from `since`: the class time the meter integrated since then moves to `paused`
+(every request on the meter charged from `since` on gets it back at once, since a request's charge is the
+growth of its class's integral), and `RequestClock.rebase(since, now)` moves the marks of a request that
+began its stint after `since` (it was charged nothing, only paused, since). The meter keeps the last
+`HISTORY` mode changes to know what each mode took since `since`; a pause older than those is counted from
+the oldest one kept (forgiving less, never more).
+
 Rules:
 1. No other module adds or subtracts durations to judge a budget; they call this one.
 2. `now` never decreases across calls for one meter (the driver's clock is monotonic).
@@ -53,7 +62,7 @@ import math
 
 from rolloutgate.core.timing import TimingBreakdown
 
-__all__ = ("EPSILON_S", "ChargeClass", "ChargeMeter", "RequestClock")
+__all__ = ("EPSILON_S", "HISTORY", "ChargeClass", "ChargeMeter", "RequestClock")
 
 EPSILON_S = 1e-6
 """Virtual deadlines within this of the meter's value are due (float rounding between real and virtual time)."""
@@ -66,6 +75,9 @@ class ChargeClass(enum.IntEnum):
 
 _PAUSED, _FREE, _SOLO, _CONTENDED = 0, 1, 2, 3
 
+HISTORY = 32
+"""Mode changes a meter keeps for `backdate_pause` (changes come with large prefills and pauses: rare)."""
+
 
 class ChargeMeter:
     """Integrates an engine's (or the queue's) modes over time; see the module docstring."""
@@ -73,6 +85,7 @@ class ChargeMeter:
     __slots__ = (
         "_at",
         "_big",
+        "_history",
         "_is_paused",
         "_mode",
         "free_mark",
@@ -92,6 +105,8 @@ class ChargeMeter:
         self.solo_total = 0.0
         self.free_mark = 0.0  # class integrals at the last resume: stall windows start there
         self.solo_mark = 0.0
+        # (at, free_total, solo_total, paused_total, mode from then on), one per mode change, oldest first
+        self._history: list[tuple[float, float, float, float, int]] = [(0.0, 0.0, 0.0, 0.0, self._mode)]
 
     # --- changes ---------------------------------------------------------------------------------------
 
@@ -109,9 +124,15 @@ class ChargeMeter:
 
     def _set_mode(self) -> None:
         if self._is_paused:
-            self._mode = _PAUSED
+            mode = _PAUSED
         else:
-            self._mode = _FREE if self._big == 0 else _SOLO if self._big == 1 else _CONTENDED
+            mode = _FREE if self._big == 0 else _SOLO if self._big == 1 else _CONTENDED
+        if mode != self._mode:
+            self._mode = mode
+            history = self._history
+            history.append((self._at, self.free_total, self.solo_total, self.paused_total, mode))
+            if len(history) > HISTORY:
+                del history[0]
 
     def set_paused(self, now: float, is_paused: bool) -> None:
         """Enter or leave PAUSED. Leaving it restarts the stall windows of the meter's requests."""
@@ -121,6 +142,35 @@ class ChargeMeter:
             self.solo_mark = self.solo_total
         self._is_paused = is_paused
         self._set_mode()
+
+    def backdate_pause(self, since: float, now: float) -> float:
+        """The meter's owner has been paused since `since` (at the latest; learned now): count [since, now]
+        as PAUSED and stay PAUSED. Returns the time the pause is counted from: `since`, or the oldest mode
+        change kept if `since` is older (module docstring)."""
+        self._advance(now)
+        since = min(since, now)
+        history = self._history
+        i = len(history) - 1
+        while i > 0 and history[i][0] > since:
+            i -= 1
+        at, free, solo, paused, mode = history[i]
+        since = max(since, at)
+        dt = since - at
+        if mode == _FREE:
+            free += dt
+        elif mode == _SOLO:
+            solo += dt
+        elif mode == _PAUSED:
+            paused += dt
+        self.free_total, self.solo_total = free, solo
+        self.paused_total = paused + (now - since)
+        self.free_mark = min(self.free_mark, free)
+        self.solo_mark = min(self.solo_mark, solo)
+        del history[i + 1 :]
+        history.append((since, free, solo, paused, _PAUSED))
+        self._is_paused = True
+        self._mode = _PAUSED
+        return since
 
     def add_large_prefill(self, now: float) -> None:
         self._advance(now)
@@ -255,6 +305,16 @@ class RequestClock:
         meter = self._meter
         if meter is not None:
             self.progress_v = meter.value(self._cls, now)
+
+    def rebase(self, since: float, now: float) -> None:
+        """Its meter was just counted PAUSED from `since` (`ChargeMeter.backdate_pause`): a stint that began
+        after `since` was paused throughout, never charged (module docstring)."""
+        meter = self._meter
+        if meter is None or not self._is_dispatched or self._stint_at <= since:
+            return
+        self._charge0 = meter.value(self._cls, now)
+        self._paused0 = meter.paused_value(now) - (now - self._stint_at)
+        self.progress_v = min(self.progress_v, self._charge0)
 
     def end_stint(self, now: float, *, forgive: bool = False) -> None:
         """Bank the current stint (no-op if there is none).

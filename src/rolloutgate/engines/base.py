@@ -205,6 +205,13 @@ class EngineClient(Protocol):
         a pause (None: this engine cannot say, or did not answer)."""
         ...
 
+    async def scheduler_answers(self) -> bool:
+        """Whether the engine's scheduler answers a control request that generates nothing (SGLang
+        `/get_load`: its scheduler answers it between batches and while generation is paused, not while it is
+        wedged in a forward pass). With a health check that hangs, this tells a pause from a hang on an
+        engine without a pause flag (server/pool.py). False where the family has no such request."""
+        ...
+
     def start(self, call: UpstreamCall, on_events: EventSink, on_end: EndSink) -> UpstreamHandle:
         """Run the call: the events of each socket read go to `on_events` as the engine sends them (False
         stops the call and closes its connection); its outcome to `on_end` once, None when the answer ended

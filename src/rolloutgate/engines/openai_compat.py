@@ -90,6 +90,9 @@ class OpenAICompatClient:
     async def readiness(self) -> Readiness | None:
         return None  # an OpenAI-compatible server has no pause
 
+    async def scheduler_answers(self) -> bool:
+        return False  # nothing to ask
+
     async def load(self) -> EngineLoad:
         raise UpstreamError("a generic OpenAI-compatible engine reports no load", retryable=False)
 

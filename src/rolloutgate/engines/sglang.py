@@ -216,6 +216,14 @@ class SglangClient:
         ping = await status_of(self._session, self.url + "/ping", limits=limits)
         return Readiness.PAUSED if ping is not None and 200 <= ping < 300 else Readiness.NOT_READY
 
+    async def scheduler_answers(self) -> bool:
+        """`/get_load` answers: a round trip to the scheduler, which it serves between batches and while
+        generation is paused (0.5.9 measured: at once during a pause, where `/health` hangs), and not while it
+        is stuck in a forward pass. SGLang 0.5.9 has no `/ready`: this is how its pause is told from a hang."""
+        limits = self._timeouts.control(self._timeouts.load_s)
+        status = await status_of(self._session, self.url + "/get_load", limits=limits)
+        return status is not None and 200 <= status < 300
+
     async def load(self) -> EngineLoad:
         """Running and waiting requests and the generated-token counter from `/metrics` (SGLang with
         `--enable-metrics`), else `/v1/loads` (whose `gen_throughput` counts only while its snapshot moves: a

@@ -154,6 +154,9 @@ class VllmClient:
             return None
         return Readiness.PAUSED if answer["is_paused"] else Readiness.READY
 
+    async def scheduler_answers(self) -> bool:
+        return False  # vLLM states its pause (`/is_paused`), and its `/health` does not wait on one
+
     async def load(self) -> EngineLoad:
         limits = self._timeouts.control(self._timeouts.load_s)
         text = await get_text(self._session, self.url + "/metrics", limits=limits, what="metrics")

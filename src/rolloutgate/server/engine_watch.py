@@ -62,9 +62,12 @@ class EngineWatcher:
     async def _poll(self, engine_id: str, client: EngineClient) -> None:
         last: EngineLoad | None = None
         last_at = self._now()
+        first = True
         try:
             while self.watch.is_watching(engine_id):
-                await asyncio.sleep(self._poll_s)
+                if not first:  # the first reading at once: the next one's tokens count from the start
+                    await asyncio.sleep(self._poll_s)
+                first = False
                 try:
                     load = await client.load()
                 except UpstreamError:

@@ -15,6 +15,16 @@ pause may have begun during the check). If SGLang did mark itself unhealthy duri
 was under way), `/ping` answers 503 too and readiness is NOT_READY: the engine stays paused and is
 health-checked, since only a passing check clears SGLang's mark; it passes once generation continues.
 
+An engine without a pause flag (SGLang 0.5.9: no `/ready`, readiness None) is recognised as paused from what
+it does show: its health check hangs (no answer within `health_timeout`; SGLang's generates a token, which
+waits behind the pause) while its scheduler answers a control request at once (`scheduler_answers`:
+`/get_load`, which a scheduler wedged in a forward pass does not answer). Such a pause is reported
+`EnginePaused` like a flagged one and is never a failed check; it lasts while the checks keep hanging and
+the scheduler keeps answering: the next check passes once generation continues (`EngineResumed` then).
+
+Every pause learned here is `unannounced`: the core counts it from the engine's last progress, not from
+when it was seen (core/request_clock.py `backdate_pause`), so the health loop's delay charges nobody.
+
 Before the core judges a silent engine hung it asks for its pause flag (`CheckEngine`, core/liveness.py):
 `read_pause` reads it at once, so a pause the health loop has not seen yet (its loop sleeping, or inside a
 health check that waits behind the pause) is reported within `hang_check_timeout` and nothing is quarantined.
@@ -60,6 +70,7 @@ log = logging.getLogger("rolloutgate.pool")
 
 HEALTHY = EngineState.HEALTHY.value
 PAUSED_POLL_S = 1.0  # gateway seconds between readiness reads of an engine paused by someone else
+PROBE_SHARE = 0.6  # of hang_check_timeout: the health probe of a pause check on an engine without a flag
 
 
 @dataclass(eq=False, slots=True)
@@ -216,7 +227,9 @@ class EnginePool:
 
     def read_pause(self, engine_id: str) -> None:
         """The core is about to judge the engine hung (CheckEngine): read now whether it is paused, rather
-        than when its health loop next looks (a health check under way may take `health_timeout`)."""
+        than when its health loop next looks (a health check under way may take `health_timeout`). An engine
+        without a flag gets a short health probe (`PROBE_SHARE` of `hang_check_timeout`): hanging while its
+        scheduler answers, it is paused."""
         handle = self.engines.get(engine_id)
         if handle is None or handle.is_in_maintenance():
             return
@@ -225,12 +238,17 @@ class EnginePool:
         task.add_done_callback(self._pause_reads.discard)
 
     async def _read_pause(self, handle: EngineHandle) -> None:
+        check_s = self.settings.hang_check_timeout
         try:
-            async with asyncio.timeout(self.real_seconds(self.settings.hang_check_timeout)):
+            async with asyncio.timeout(self.real_seconds(check_s)):
                 readiness = await handle.client.readiness()
+                paused = readiness is Readiness.PAUSED
+                if readiness is None:  # no flag: a probe that hangs while the scheduler answers
+                    probe = await self._check_health(handle, check_s * PROBE_SHARE)
+                    paused = probe is None and await handle.client.scheduler_answers()
         except TimeoutError:
             return  # no answer in time (hung, as a rule): the core judges it when its check time is up
-        if readiness is Readiness.PAUSED and self.engines.get(handle.engine_id) is handle:
+        if paused and self.engines.get(handle.engine_id) is handle:
             self._paused_by_engine(handle)
 
     async def _health_loop(self, handle: EngineHandle) -> None:
@@ -245,6 +263,13 @@ class EnginePool:
             if readiness is Readiness.PAUSED:
                 self._paused_by_engine(handle)
                 continue
+            if handle.paused_by_engine and readiness is None:  # a pause seen in what it shows (docstring)
+                outcome = await self._check_health(handle)
+                if handle.is_in_maintenance() or (outcome is None and await client.scheduler_answers()):
+                    continue  # still paused (or the admin API's now)
+                await self._resumed_by_engine(handle)
+                self._record_health(handle, outcome is True)
+                continue
             if handle.paused_by_engine and readiness is Readiness.NOT_READY:
                 if await self._check_health(handle):  # clears SGLang's mark once generation continues
                     await self._resumed_by_engine(handle)
@@ -255,16 +280,24 @@ class EnginePool:
             ok = await self._check_health(handle)
             if handle.is_in_maintenance():
                 continue  # a paused or updating engine may fail its health probe (SGLang's generates a token)
-            if not ok and await client.readiness() is Readiness.PAUSED:
-                self._paused_by_engine(handle)  # the pause began during the check
-                continue
-            self._record_health(handle, ok)
+            if not ok:
+                again = await client.readiness()  # the pause may have begun during the check
+                if again is Readiness.PAUSED or (
+                    again is None and ok is None and await client.scheduler_answers()
+                ):
+                    self._paused_by_engine(handle)
+                    continue
+            self._record_health(handle, ok is True)
 
-    async def _check_health(self, handle: EngineHandle) -> bool:
+    async def _check_health(self, handle: EngineHandle, limit_s: float | None = None) -> bool | None:
+        """True: the check passed; False: it failed; None: no answer within `limit_s` gateway seconds
+        (`health_timeout` by default): it hangs."""
         try:
-            async with asyncio.timeout(self.real_seconds(self.settings.health_timeout)):
+            async with asyncio.timeout(self.real_seconds(limit_s or self.settings.health_timeout)):
                 return await handle.client.health()
-        except (TimeoutError, UpstreamError):
+        except TimeoutError:
+            return None
+        except UpstreamError:
             return False
 
     def _paused_by_engine(self, handle: EngineHandle) -> None:
@@ -277,7 +310,7 @@ class EnginePool:
                 handle.url,
             )
         # every reading (the core ignores a repeat): an admin pause that ended meanwhile resumed it in the core
-        self.emit(EnginePaused(engine_id=handle.engine_id))
+        self.emit(EnginePaused(engine_id=handle.engine_id, unannounced=True))
 
     async def _resumed_by_engine(self, handle: EngineHandle) -> None:
         handle.paused_by_engine = False

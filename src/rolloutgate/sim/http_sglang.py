@@ -342,7 +342,10 @@ class SGLangRoutes:
     # ----------------------------------------------------------------------------- info
 
     async def ready(self, _request: web.Request) -> web.Response:
-        """SGLang's /ready: 503 while generation is paused or the server is marked unhealthy (is_ready)."""
+        """SGLang's /ready: 503 while generation is paused or the server is marked unhealthy (is_ready).
+        0.5.9 has none (`sglang_ready_route` False): 404."""
+        if not self.config.sglang_ready_route:
+            return web.Response(status=404)
         return web.Response(status=503 if self.engine.paused or not self.status_up else 200)
 
     async def ping(self, _request: web.Request) -> web.Response:

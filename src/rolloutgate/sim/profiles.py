@@ -69,6 +69,9 @@ class SimEngineConfig:
     weight_update_s: float = 2.0  # how long /update_weights_from_disk takes once it runs
     health_poll_s: float = 1.0  # SGLang /health polls for scheduler output at this period...
     health_timeout_s: float = 20.0  # ...and answers 503 after this long without any
+    # SGLang 0.5.9 has no /ready (404, paused or not): a pause shows only as /health hanging while the control
+    # plane (/get_load, /server_info, /metrics) answers at once (reference/real-sglang.md)
+    sglang_ready_route: bool = True
     vllm_reject_while_paused: bool = False  # vLLM 0.33 docs: 503 in abort/wait pause; 0.32 measured: held
     disconnect_lag_s: float = 2.0  # SGLang notices a client disconnect this long after it happens (vLLM: 0)
     enable_cache_report: bool = True  # usage.prompt_tokens_details.cached_tokens on the OpenAI routes
