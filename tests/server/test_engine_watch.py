@@ -66,15 +66,16 @@ async def test_one_reading_per_poll_while_watched_and_progress_when_tokens_came(
     start = loop.time()
     watcher.add("e1", engine, "a", 1, 1_000)  # type: ignore[arg-type]
     await asyncio.sleep(8.5)
-    assert [t - start for t in engine.read_at] == pytest.approx([2.0, 4.0, 6.0, 8.0])
-    # the baseline at 2 s, nothing new at 4 s, then 70 tokens at 6 s and at 8 s
+    assert [t - start for t in engine.read_at] == pytest.approx([0.0, 2.0, 4.0, 6.0, 8.0])
+    # the baseline at once (the next reading's tokens count from the call's start), nothing new at 2 s, then
+    # 70 tokens at 4 s and at 6 s
     assert [(t - start, e) for t, e in emitted] == [
+        (pytest.approx(4.0), ProgressReported(request_id="a", tokens=0, attempt=1, engine_level=True)),
         (pytest.approx(6.0), ProgressReported(request_id="a", tokens=0, attempt=1, engine_level=True)),
-        (pytest.approx(8.0), ProgressReported(request_id="a", tokens=0, attempt=1, engine_level=True)),
     ]
     watcher.remove("a")
     await asyncio.sleep(4.0)
-    assert len(engine.read_at) == 5  # the reading under way when the call ended was the last
+    assert len(engine.read_at) == 5  # the reading before the call ended was the last
     await watcher.close()
 
 
@@ -92,7 +93,7 @@ async def test_a_failed_reading_is_no_progress_and_the_next_one_counts_from_the_
         ]
     )
     watcher.add("e1", engine, "a", 3, None)  # type: ignore[arg-type]
-    await asyncio.sleep(3.5)
+    await asyncio.sleep(2.5)
     assert emitted == []
     await asyncio.sleep(1.0)
     assert emitted == [ProgressReported(request_id="a", tokens=0, attempt=3, engine_level=True)]
@@ -109,7 +110,7 @@ async def test_each_engine_is_polled_once_however_many_calls_it_holds() -> None:
     for rid in ("a", "b", "c"):
         watcher.add("e1", e1, rid, 1, None)  # type: ignore[arg-type]
     watcher.add("e2", e2, "d", 1, None)  # type: ignore[arg-type]
-    await asyncio.sleep(2.5)
+    await asyncio.sleep(1.5)
     assert len(e1.read_at) == len(e2.read_at) == 2
     assert sorted(e.request_id for e in emitted) == ["a", "b", "c"]  # e2 generated nothing
     await watcher.close()

@@ -67,6 +67,8 @@ class EngineWatcher:
             while self.watch.is_watching(engine_id):
                 if not first:  # the first reading at once: the next one's tokens count from the start
                     await asyncio.sleep(self._poll_s)
+                    if not self.watch.is_watching(engine_id):
+                        break  # its calls ended while it slept: no reading for nobody
                 first = False
                 try:
                     load = await client.load()
