@@ -96,7 +96,10 @@ async def test_a_killed_engine_loses_only_its_call_and_the_other_serves_on(
         lost = on_doomed[0]
         assert lost["status"] == 200 and lost["done"] and lost["error"] is None, lost
         assert lost["finish"] == "length", lost
-        assert lost["chunks"] > lost["usage"]["completion_tokens"], "the client did not read both attempts"
+        # the continuation's prompt carries the partial answer, and it asked only for the rest (SGLang's OpenAI
+        # stream merges tokens into fewer chunks: chunks count no tokens)
+        assert lost["usage"]["prompt_tokens"] > survived[0]["usage"]["prompt_tokens"], (lost, survived)
+        assert lost["usage"]["completion_tokens"] < TOKENS, lost
         after = await scrape(engines.urls[0])
         assert after.generated - before.generated == TOKENS + lost["usage"]["completion_tokens"]
 
