@@ -352,8 +352,9 @@ def test_lora_and_routing_replay_fields_reach_the_engine_and_the_record() -> Non
     }
     body = tito.generate_body(request(**carried), [1, 2, 3], stop_token_ids=[2], default_max_tokens=8)
     assert {k: body[k] for k in carried} == carried
-    chat = tito.tito_chat_body(request(**carried), [1, 2, 3], stop_token_ids=[2])
+    chat = tito.tito_chat_body(request(**carried, stream=True), [1, 2, 3], stop_token_ids=[2])
     assert {k: chat[k] for k in carried} == carried and chat["input_ids"] == [1, 2, 3]
+    assert "stream" not in chat  # the agent's stream is the gateway's to fake; the engine answers whole
     meta = {"prompt_tokens": 3, "routed_experts": "AAAA", "output_token_logprobs": [[-0.1, 5, None]]}
     assert engine_meta_of(meta) == {
         "prompt_tokens": 3,

@@ -366,8 +366,8 @@ def tito_chat_body(
     body = {k: v for k, v in request.body.items() if k not in ("stream", "stream_options")}
     stops = _stop_ids(request, stop_token_ids)
     body.update(
-        stream=False, logprobs=True, return_meta_info=True, no_stop_trim=False, input_ids=list(prompt_ids)
-    )
+        logprobs=True, return_meta_info=True, no_stop_trim=False, input_ids=list(prompt_ids)
+    )  # `stream` left out, as miles' server sends it: the engine answers whole by default
     if stops:
         body["stop_token_ids"] = stops
     return body
