@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
+import yarl
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import (
     BaseSettings,
@@ -50,6 +51,16 @@ class EngineSpec(BaseModel):
     def _http_only(cls, url: str) -> str:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"engine URL must be http(s)://, got {url!r}")
+        # what could never be reached is refused here, not kept pending (server/pool.py `register`)
+        try:
+            parsed = yarl.URL(url)
+        except ValueError as exc:
+            raise ValueError(f"engine URL {url!r}: {exc}") from None
+        host = parsed.host or ""
+        if not host or any(c.isspace() for c in host) or parsed.port == 0:
+            raise ValueError(f"engine URL {url!r} needs a host and a port other than 0")
+        if parsed.query_string or parsed.fragment:
+            raise ValueError(f"engine URL {url!r} has a query or a fragment")
         return url.rstrip("/")
 
 

@@ -32,7 +32,8 @@ class Recorded:
 
 @dataclass
 class FakeEngine:
-    """An aiohttp server on 127.0.0.1:<ephemeral> answering from installed handlers (404 otherwise)."""
+    """An aiohttp server on 127.0.0.1:<ephemeral> answering from installed handlers (otherwise 405 for a path
+    with a handler for another method, else 404)."""
 
     handlers: dict[tuple[str, str], Handler] = field(default_factory=dict)
     requests: list[Recorded] = field(default_factory=list)
@@ -58,12 +59,14 @@ class FakeEngine:
     def last(self, path: str) -> Recorded:
         return [r for r in self.requests if r.path == path][-1]
 
-    async def start(self) -> str:
+    async def start(self, port: int = 0) -> str:
+        """Listen on `port` (a `tests.ports.reserved_port` handed over: bound beside the reservation), else
+        on a port the OS gives."""
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", port, reuse_port=bool(port))
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://127.0.0.1:{port}"
@@ -84,6 +87,8 @@ class FakeEngine:
         )
         handler = self.handlers.get((request.method, request.path))
         if handler is None:
+            if any(path == request.path for _, path in self.handlers):  # as every web framework answers
+                return web.json_response({"detail": "Method Not Allowed"}, status=405)
             return web.json_response({"detail": "Not Found"}, status=404)
         try:
             return await handler(request)
@@ -316,3 +321,49 @@ def models_answer(owner: str = "sglang", max_model_len: int = 32768) -> dict[str
             }
         ],
     }
+
+
+def serve_like_miles_mock(fake: FakeEngine, text: str = "4") -> FakeEngine:
+    """`fake` answering as miles' `MockSGLangServer` does (miles/utils/test_utils/mock_sglang_server.py): POST
+    `/generate` and `/v1/chat/completions`, each one whole JSON body whatever `stream` says, and GET `/health`;
+    nothing else (no `/server_info`, `/get_server_info`, `/v1/models`, `/metrics` or `/v1/loads`). Its chat
+    `meta_info` has no `prompt_tokens`, and its answers no `usage`."""
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        output_ids = [7] * len(text)
+        meta = {
+            "finish_reason": {"type": "stop"},
+            "prompt_tokens": len(body.get("input_ids") or []),
+            "cached_tokens": 0,
+            "completion_tokens": len(output_ids),
+            "output_token_logprobs": [[-i / 128, t] for i, t in enumerate(output_ids)],
+        }
+        return json_reply({"text": text, "meta_info": meta})
+
+    async def chat(_: web.Request) -> web.StreamResponse:
+        output_ids = [7] * len(text)
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "tool_calls": None},
+            "logprobs": {"content": [{"token": "x", "token_id": t, "logprob": 0.0} for t in output_ids]},
+            "finish_reason": "stop",
+            "meta_info": {
+                "output_token_logprobs": [[-i / 128, t] for i, t in enumerate(output_ids)],
+                "completion_tokens": len(output_ids),
+            },
+        }
+        return json_reply(
+            {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "mock-model",
+                "choices": [choice],
+            }
+        )
+
+    fake.on("POST", "/generate", generate)
+    fake.on("POST", "/v1/chat/completions", chat)
+    fake.on_json("GET", "/health", {"status": "ok"})
+    return fake

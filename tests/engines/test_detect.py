@@ -14,7 +14,7 @@ from rolloutgate.engines.openai_compat import OpenAICompatClient
 from rolloutgate.engines.sglang import SglangClient
 from rolloutgate.engines.vllm import VllmClient
 
-from .fakes import FakeEngine, models_answer, sglang_server_info
+from .fakes import FakeEngine, models_answer, serve_like_miles_mock, sglang_server_info
 
 
 async def test_sglang_is_recognised_by_its_server_args(
@@ -51,6 +51,15 @@ async def test_anything_else_is_openai(fake: FakeEngine, session: aiohttp.Client
     fake.on_json("GET", "/v1/models", models_answer())
     fake.on_json("GET", "/version", {"build": 3})
     assert await detect_family(session, fake.url) is EngineFamily.OPENAI
+
+
+async def test_an_sglang_speaking_server_without_server_info_is_sglang_by_its_generate_route(
+    fake: FakeEngine, session: aiohttp.ClientSession
+) -> None:
+    serve_like_miles_mock(fake)  # /generate, /v1/chat/completions and /health only
+    assert await detect_family(session, fake.url) is EngineFamily.SGLANG
+    asked = fake.last("/generate")
+    assert asked.method == "GET", "the route is asked for with a GET, which a POST route never runs"
 
 
 async def test_nothing_answering_raises(session: aiohttp.ClientSession) -> None:

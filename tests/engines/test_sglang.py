@@ -29,6 +29,7 @@ from .fakes import (
     FakeEngine,
     json_reply,
     models_answer,
+    serve_like_miles_mock,
     sglang_chat_chunk,
     sglang_chat_stream,
     sglang_generate_chunks,
@@ -489,3 +490,82 @@ async def test_probe_learns_the_vocabulary_the_engine_states_or_its_model_folder
     (tmp_path / "config.json").write_bytes(orjson.dumps({"vocab_size": 151_936}))
     fake.on_json("GET", "/server_info", {**sglang_server_info(), "model_path": str(tmp_path)})  # SGLang 0.5.9
     assert (await client.probe()).vocab_size == 151_936
+
+
+# -- an SGLang-speaking engine without /server_info or /v1/models (miles' MockSGLangServer) -----------------
+
+
+async def test_a_stand_in_without_server_info_or_models_joins_with_defaults_named(
+    fake: FakeEngine, client: SglangClient
+) -> None:
+    serve_like_miles_mock(fake)
+    info = await client.probe()
+    assert info.family is EngineFamily.SGLANG
+    assert info.missing == ("/server_info", "/v1/models", "load (/metrics, /v1/loads)")
+    assert (info.capacity, info.models, info.max_model_len, info.weight_version, info.vocab_size) == (
+        None,
+        (),
+        None,
+        None,
+        None,
+    )
+    assert client.reports_load is False
+    assert not [r for r in fake.requests if r.method == "POST"], "the probe never generates"
+
+
+async def test_a_stand_in_that_reports_no_load_gets_every_call_it_can_stream_streamed(
+    fake: FakeEngine, client: SglangClient
+) -> None:
+    """Its events are the only progress the gateway can see: a non-streaming client's `/generate` asks for
+    every chunk (not FIRST_AND_LAST), its chat streams with a usage frame; a chat SGLang cannot stream
+    (`return_meta_info`) goes as it came. The stand-in answers each with one whole JSON body all the same."""
+    serve_like_miles_mock(fake)
+    await client.probe()
+    (event,) = await collect(client, call(Route.GENERATE, {"input_ids": [1, 2], "sampling_params": {}}))
+    assert event.is_whole_body and event.json()["text"] == "4"
+    sent = fake.last("/generate").body
+    assert sent["stream"] is True and "stream_interval" not in sent["sampling_params"]
+    await collect(client, call(Route.CHAT, {"messages": [{"role": "user", "content": "hi"}]}))
+    sent = fake.last("/v1/chat/completions").body
+    assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
+    agent = {"messages": [{"role": "user", "content": "hi"}], "return_meta_info": True}
+    (event,) = await collect(client, call(Route.CHAT, agent))
+    assert event.is_whole_body and "stream" not in fake.last("/v1/chat/completions").body
+
+
+async def test_without_server_info_but_with_models_and_load_only_server_info_is_missing(
+    fake: FakeEngine, client: SglangClient
+) -> None:
+    serve_like_miles_mock(fake)
+    fake.on_json("GET", "/v1/models", models_answer())
+    fake.on_json("GET", "/v1/loads", {"timestamp": 1.0, "loads": [{"num_running_reqs": 0}]})
+    info = await client.probe()
+    assert (info.missing, info.models, info.max_model_len) == (("/server_info",), ("qwen",), 32768)
+    assert client.reports_load is True
+    await collect(client, call(Route.GENERATE, {"input_ids": [1], "sampling_params": {}}))
+    assert fake.last("/generate").body["sampling_params"]["stream_interval"] == FIRST_AND_LAST
+
+
+async def test_a_server_without_server_info_generate_or_chat_is_not_taken_for_sglang(
+    fake: FakeEngine, client: SglangClient
+) -> None:
+    fake.on_json("GET", "/health", {"status": "ok"})
+    with pytest.raises(UpstreamError, match="does not speak SGLang") as caught:
+        await client.probe()
+    assert caught.value.retryable
+    fake.on_json(
+        "POST", "/v1/chat/completions", {}
+    )  # a chat-only stand-in named sglang+ (miles' scripted one)
+    assert (await client.probe()).missing[:2] == ("/server_info", "/v1/models")
+    assert not [r for r in fake.requests if r.method == "POST"], "the probe never generates"
+
+
+async def test_a_failing_server_info_is_not_taken_for_a_missing_one(
+    fake: FakeEngine, client: SglangClient
+) -> None:
+    serve_like_miles_mock(fake)
+    fake.on_json("GET", "/get_server_info", {"detail": "starting"}, status=503)
+    fake.on_json("GET", "/server_info", {"detail": "Not Found"}, status=404)
+    with pytest.raises(UpstreamError) as caught:
+        await client.probe()
+    assert caught.value.status == 503

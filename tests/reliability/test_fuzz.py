@@ -293,17 +293,14 @@ def test_worker_endpoints_never_5xx_on_bad_input(
 ) -> None:
     raw, value = body
     response = http.post("/workers", content=raw, headers={"Content-Type": "application/json"})
-    unreachable = response.status_code == 502 and response.json()["error"]["code"] == "worker_unreachable"
-    if not unreachable:  # a well-formed http URL nobody listens on: 502 is the honest answer
-        check(response, "/workers")
-    else:
-        assert isinstance(value, dict) and str(value.get("url", "")).lower().startswith("http")
-        bump_figure("bad_inputs_tried")
+    check(response, "/workers")
+    if response.status_code in (200, 202) and response.json()["state"] == "pending":
+        # a well-formed http URL nobody listens on: kept pending until it answers (server/pool.py register)
+        assert isinstance(value, dict) and str(value.get("url", "")).startswith("http")
     check(http.delete(f"/workers/{quote(worker_id, safe='')}"), "DELETE /workers")
-    miles = http.post("/add_worker", params={"url": miles_url})
-    if not (miles.status_code == 502 and miles.json()["error"]["code"] == "worker_unreachable"):
-        check(miles, "/add_worker")
-    assert len(http.get("/workers").json()["workers"]) == 2  # nothing bad ever joined
+    check(http.post("/add_worker", params={"url": miles_url}), "/add_worker")
+    workers = http.get("/workers").json()["workers"]
+    assert len([w for w in workers if w["state"] != "pending"]) == 2  # nothing bad ever joined
 
 
 @SETTINGS

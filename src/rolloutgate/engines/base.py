@@ -67,6 +67,9 @@ class EngineInfo:
     # token ids it can take: every prompt id must be below (server/validate.py); None when it does not say
     # and its model folder cannot be read (rolloutgate/vocabulary.py)
     vocab_size: int | None = None
+    # the endpoints it lacks (an SGLang-speaking stand-in without `/server_info` or `/v1/models`): the facts
+    # they give are the gateway's defaults (server/pool.py says so once, and `/workers` lists them)
+    missing: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,6 +5,12 @@ Theory of operation: each family has an endpoint only it answers in its own way.
 `{"version": ...}` and exposes `vllm:` metrics; anything else that serves the OpenAI routes is OPENAI.
 vLLM (dev mode) also serves `/server_info`, but with a `vllm_config` object, so SGLang is recognised by its
 arguments, not by the route.
+
+An SGLang-speaking server without `/server_info` (a stand-in such as miles' `MockSGLangServer`, which serves
+`/generate`, `/v1/chat/completions` and `/health` only) is recognised, after the vLLM checks, by its native
+`/generate` route: a GET there is answered 405 (the route takes POST) and never generates. It joins as SGLang
+with defaults (engines/sglang.py `probe`). An OpenAI-compatible server that has a `/generate` of its own
+(TGI's) is taken for SGLang too: prefix its URL with `openai+` to say what it is.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 import aiohttp
 
 from rolloutgate.engines.base import EngineClient, EngineFamily, UpstreamError
-from rolloutgate.engines.http import ControlTimeouts, get_json, get_text
+from rolloutgate.engines.http import ControlTimeouts, get_json, get_text, status_of
 from rolloutgate.engines.openai_compat import OpenAICompatClient
 from rolloutgate.engines.sglang import SglangClient
 from rolloutgate.engines.vllm import VllmClient
@@ -59,6 +65,9 @@ async def detect_family(
         answered = answered or error.status is not None
     if not answered:
         raise UpstreamError(f"no engine answers at {base}", retryable=True)
+    generate = await status_of(session, base + "/generate", limits=limits)
+    if generate is not None and generate != 404:
+        return EngineFamily.SGLANG  # its native route, without /server_info (module docstring)
     return EngineFamily.OPENAI
 
 

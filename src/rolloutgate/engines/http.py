@@ -47,6 +47,7 @@ __all__ = (
     "generation_headers",
     "get_json",
     "get_text",
+    "has_route",
     "is_error_frame",
     "is_ok",
     "map_exceptions",
@@ -395,6 +396,16 @@ async def status_of(session: aiohttp.ClientSession, url: str, *, limits: aiohttp
             return resp.status
     except (aiohttp.ClientError, OSError):  # TimeoutError is an OSError
         return None
+
+
+async def has_route(session: aiohttp.ClientSession, url: str, *, limits: aiohttp.ClientTimeout) -> bool:
+    """Whether the server has a route at `url` (a POST route: SGLang's `/generate`), asked with a GET, which
+    such a route answers 405 and never runs: any answer but 404 is True. Raises UpstreamError (retryable) when
+    nothing answers."""
+    status = await status_of(session, url, limits=limits)
+    if status is None:
+        raise UpstreamError(f"no answer at {url}", retryable=True)
+    return status != 404
 
 
 _SAMPLE = re.compile(rb"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)", re.MULTILINE)

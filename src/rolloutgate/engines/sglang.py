@@ -51,9 +51,11 @@ from rolloutgate.engines.generation import (
 )
 from rolloutgate.engines.http import (
     ControlTimeouts,
+    ServedModels,
     fetch_models,
     get_json,
     get_text,
+    has_route,
     is_ok,
     parse_prometheus,
     positive_int,
@@ -121,7 +123,8 @@ class SglangClient:
     def start(self, call: UpstreamCall, on_events: EventSink, on_end: EndSink) -> UpstreamHandle:
         if call.route is Route.GENERATE:
             decoder: EventDecoder = GenerateDecoder(self._hint)
-            make_body = lambda: orjson.dumps(generate_body(call))  # noqa: E731 - built only when sent
+            first_and_last = self.reports_load  # else every chunk: the events are the only progress
+            make_body = lambda: orjson.dumps(generate_body(call, first_and_last))  # noqa: E731 - when sent
         else:
             decoder = OpenAIDecoder(self._hint, wants_usage=client_wants_usage(call.body))
             make_body = lambda: orjson.dumps(self._openai_body(call))  # noqa: E731
@@ -139,11 +142,11 @@ class SglangClient:
     def _openai_body(self, call: UpstreamCall) -> dict[str, Any]:
         body = dict(call.body)
         body["rid"] = call.request_id
-        if not body.get("stream") or (
+        if (not body.get("stream") and self.reports_load) or (
             call.route is Route.CHAT and any(body.get(flag) for flag in _CHAT_NON_STREAMABLE)
         ):
             return body  # sent as the client sent it: non-streamed, or refused with the engine's own 400
-        return upstream_body(body)
+        return upstream_body(body, stream=True)  # a streaming client, or an engine that reports no load
 
     async def abort(self, request_id: str) -> None:
         try:
@@ -160,9 +163,36 @@ class SglangClient:
     # -- facts and load --------------------------------------------------------------------------------
 
     async def probe(self) -> EngineInfo:
+        """The engine's facts from `/server_info` and `/v1/models`. An SGLang-speaking server that lacks them
+        (a 404: a stand-in such as miles' `MockSGLangServer`) joins with defaults, named in `missing`: no
+        capacity (the gateway's `--default-capacity`), models, context length or weight version. One without
+        `/server_info` must have `/generate` or `/v1/chat/completions` (it speaks SGLang), and when it reports
+        no load either (`/metrics`, `/v1/loads`) every call it can stream is streamed: its events are then the
+        only progress there is."""
         limits = self._timeouts.control(self._timeouts.probe_s)
+        missing: list[str] = []
         info = await self._server_info(limits)
-        served = await fetch_models(self._session, self.url, limits=limits)
+        if info is None:
+            if not await self._speaks_sglang(limits):
+                raise UpstreamError(
+                    f"{self.url} has none of /server_info, /get_server_info, /generate and "
+                    "/v1/chat/completions: it does not speak SGLang",
+                    retryable=True,
+                    status=404,
+                )
+            missing.append("/server_info")
+            info = {}
+        try:
+            served = await fetch_models(self._session, self.url, limits=limits)
+        except UpstreamError as error:
+            if error.status != 404:
+                raise
+            missing.append("/v1/models")
+            served = ServedModels((), None, None)
+        if missing:
+            self.reports_load = await self._reports_load()
+            if not self.reports_load:
+                missing.append("load (/metrics, /v1/loads)")
         weight_version = info.get("weight_version")
         if not isinstance(weight_version, str):
             weight_version = None
@@ -181,20 +211,44 @@ class SglangClient:
             weight_version=weight_version,
             # the model folder from its server args: its card's `root` is the served name, not always a path
             vocab_size=vocab_size_of(info.get("vocab_size"), info.get("model_path")) or served.vocab_size,
+            missing=tuple(missing),
         )
 
-    async def _server_info(self, limits: aiohttp.ClientTimeout) -> dict[str, Any]:
+    async def _server_info(self, limits: aiohttp.ClientTimeout) -> dict[str, Any] | None:
+        """`/server_info` (older SGLang: `/get_server_info`); None when the engine has neither (404s)."""
         try:
             info = await get_json(self._session, self.url + "/server_info", limits=limits, what="server_info")
         except UpstreamError as error:
             if error.status != 404:
                 raise
-            info = await get_json(
-                self._session, self.url + "/get_server_info", limits=limits, what="get_server_info"
-            )
+            try:
+                info = await get_json(
+                    self._session, self.url + "/get_server_info", limits=limits, what="get_server_info"
+                )
+            except UpstreamError as old_error:
+                if old_error.status != 404:
+                    raise
+                return None
         if not isinstance(info, dict):
             raise UpstreamError("server_info is not a JSON object", retryable=True)
         return info
+
+    async def _speaks_sglang(self, limits: aiohttp.ClientTimeout) -> bool:
+        """It has SGLang's native `/generate`, or at least the chat route (a stand-in named `sglang+` that
+        serves chat only, as miles' scripted chat backend); asked with GETs, which neither route runs."""
+        for path in ("/generate", "/v1/chat/completions"):
+            if await has_route(self._session, self.url + path, limits=limits):
+                return True
+        return False
+
+    async def _reports_load(self) -> bool:
+        """False when the engine has no load route at all (`load()` meets a 4xx); a reading that fails
+        otherwise (a timeout, a 5xx) says nothing, and the engine is taken to report load."""
+        try:
+            await self.load()
+        except UpstreamError as error:
+            return error.status is None or not 400 <= error.status < 500
+        return True
 
     async def health(self) -> bool:
         return await is_ok(
@@ -302,17 +356,18 @@ class SglangClient:
 FIRST_AND_LAST = 1 << 30
 
 
-def generate_body(call: UpstreamCall) -> dict[str, Any]:
+def generate_body(call: UpstreamCall, first_and_last: bool = True) -> dict[str, Any]:
     """The `/generate` body: the client's, with the gateway's `rid`, streaming, and the chunk cadence.
 
     A streaming client keeps its own `stream_interval` (it reads every chunk). For a client that does not
-    stream, the engine sends two chunks (FIRST_AND_LAST): progress costs it nothing beyond one small chunk.
+    stream, the engine sends two chunks (FIRST_AND_LAST): progress costs it nothing beyond one small chunk;
+    not for an engine that reports no load (`first_and_last` False): its chunks are the only progress.
     """
     body = dict(call.body)
     client_streams = bool(body.get("stream"))
     body["rid"] = call.request_id
     body["stream"] = True
-    if not client_streams:
+    if not client_streams and first_and_last:
         params = body.get("sampling_params")
         if isinstance(params, list):
             body["sampling_params"] = [_first_and_last(p) for p in params]

@@ -214,6 +214,8 @@ def gateway_state(app: web.Application) -> dict[str, Any]:
             ctx.pool.describe_live(e, in_core.get(e.engine_id), is_gate_open=is_gate_open, now=now)
             for e in ctx.pool.engines.values()
         ],
+        # registered, not joined yet: probed until they answer (server/pool.py `register`)
+        "pending_engines": [p.describe() for p in ctx.pool.pending.values()],
         **{name: read() for name, read in ctx.state_sections.items()},  # parts mounted later (the fleet)
     }
 

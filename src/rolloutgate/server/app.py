@@ -34,7 +34,6 @@ from aiohttp.http_exceptions import HttpProcessingError
 from rolloutgate.config import EngineSpec, GatewaySettings
 from rolloutgate.core.events import ClockMode
 from rolloutgate.core.gateway import Gateway, GatewayCoreConfig
-from rolloutgate.engines.base import UpstreamError
 from rolloutgate.errors import GatewayError, Unavailable
 from rolloutgate.runtime_clock import LoopClock
 from rolloutgate.server import admin, engine_metrics, fan_out, front, groups, workers
@@ -44,7 +43,7 @@ from rolloutgate.server.context import CONTEXT, GatewayContext
 from rolloutgate.server.driver import Driver
 from rolloutgate.server.exchange import Exchange, Finished
 from rolloutgate.server.metrics import Metrics
-from rolloutgate.server.pool import EnginePool
+from rolloutgate.server.pool import PENDING, EnginePool
 from rolloutgate.server.sessions_mount import mount_sessions
 from rolloutgate.server.trace import attach_trace
 
@@ -194,20 +193,16 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await cluster.__aenter__()
         ctx.extras["sim"] = cluster
         specs += [EngineSpec(url=url, family=settings.sim_api) for url in cluster.urls]
-    retry_s = driver.clock.real_seconds(settings.health_interval)
-    first_tries = [asyncio.get_running_loop().create_future() for _ in specs]
-    joiners = [
-        asyncio.create_task(_join(pool, spec, retry_s, tried))
-        for spec, tried in zip(specs, first_tries, strict=True)
-    ]
+    registrations = [asyncio.create_task(pool.register(spec)) for spec in specs]
     # Wait until every engine joined or failed once (bounded), so a reachable pool is ready when the server
-    # starts answering and an unreachable engine (refused, DNS) does not hold start-up; it keeps retrying.
-    if first_tries:
-        await asyncio.wait(first_tries, timeout=30)
+    # starts answering and an unreachable engine (refused, DNS) does not hold start-up: it is kept pending and
+    # probed again every health_interval (server/pool.py).
+    if registrations:
+        await asyncio.wait(registrations, timeout=30)
     try:
         yield
     finally:
-        for task in joiners:
+        for task in registrations:
             task.cancel()
         await driver.close()
         if "trace" in ctx.extras:
@@ -218,30 +213,13 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
             await cluster.__aexit__(None, None, None)
 
 
-async def _join(pool: EnginePool, spec: EngineSpec, retry_s: float, tried: asyncio.Future[None]) -> None:
-    """Add an engine, retrying while it cannot be reached (DNS, refused) so start-up order does not matter.
-    `tried` is set after the first attempt, whatever its outcome."""
-    try:
-        while True:
-            try:
-                await pool.add(spec)
-                return
-            except UpstreamError as exc:
-                log.warning("engine %s not reachable yet (%s); retrying", spec.url, exc.message)
-            if not tried.done():
-                tried.set_result(None)
-            await asyncio.sleep(retry_s)
-    finally:
-        if not tried.done():
-            tried.set_result(None)
-
-
 def _state(ctx: GatewayContext) -> dict[str, Any]:
     stats = ctx.driver.core.stats()
     return {
         "queue_depth": stats.queue_depth,
         "in_flight": dict(stats.in_flight),
-        "engine_states": dict(stats.engine_states),
+        # a registered engine that has not joined is not in the core yet (server/pool.py)
+        "engine_states": {**{p.engine_id: PENDING for p in ctx.pool.pending.values()}, **stats.engine_states},
         "queue_oldest_s": ctx.driver.core.oldest_queued_s(ctx.driver.clock.now()),
         "gate": stats.gate,
     }

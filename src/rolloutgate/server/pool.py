@@ -29,6 +29,15 @@ Before the core judges a silent engine hung it asks for its pause flag (`CheckEn
 `read_pause` reads it at once, so a pause the health loop has not seen yet (its loop sleeping, or inside a
 health check that waits behind the pause) is reported within `hang_check_timeout` and nothing is quarantined.
 
+Registration. An engine given at start (`--engine`) or registered through the worker API (`POST /workers`,
+`/add_worker?url=`) is `register`ed: it joins at once when its probe succeeds; otherwise (not listening yet,
+starting, or not answering as an engine) it is kept as pending, with its id already given and the reason of the
+last failed probe, and is probed again every `health_interval` until it joins or is removed. A pending engine
+is listed by the worker API (state `pending`) and in `/admin/state`, counts in `rolloutgate_engine_state`, and
+takes no work: the core learns of an engine only when it joins. Registering a URL again, pending or joined,
+answers what is there. An engine that joins with defaults (`EngineInfo.missing`: an SGLang-speaking stand-in
+without `/server_info` or `/v1/models`) is named in the log once, with what stands in.
+
 The vocabulary. Every prompt id is checked against `vocab_size` at the front, before the request is queued
 (server/validate.py): the smallest vocabulary the pool's engines state (`EngineInfo.vocab_size`, learned at
 each probe), else the gateway's own `--tokenizer` folder's, else none (unknown: ids are checked for type and
@@ -42,6 +51,7 @@ import asyncio
 import itertools
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -64,11 +74,12 @@ from rolloutgate.engines.base import EngineClient, EngineFamily, EngineInfo, Rea
 from rolloutgate.engines.detect import detect_family, make_client
 from rolloutgate.vocabulary import folder_vocab_size
 
-__all__ = ("EngineHandle", "EnginePool")
+__all__ = ("PENDING", "EngineHandle", "EnginePool", "PendingEngine")
 
 log = logging.getLogger("rolloutgate.pool")
 
 HEALTHY = EngineState.HEALTHY.value
+PENDING = "pending"  # registered, not joined yet: its probe has not succeeded (module docstring)
 PAUSED_POLL_S = 1.0  # gateway seconds between readiness reads of an engine paused by someone else
 PROBE_SHARE = 0.6  # of hang_check_timeout: the health probe of a pause check on an engine without a flag
 
@@ -100,6 +111,42 @@ class EngineHandle:
             "paused_by_engine": self.paused_by_engine,
             "models": list(self.info.models),
             "weight_version": self.info.weight_version,
+            "missing": list(self.info.missing),
+        }
+
+
+@dataclass(eq=False, slots=True)
+class PendingEngine:
+    """An engine registered and not joined yet (module docstring): probed again until it answers."""
+
+    engine_id: str  # the one it joins with
+    spec: EngineSpec
+    registered_at: float  # wall-clock seconds
+    first_try: asyncio.Future[None]  # set once its first probe ended, whatever the outcome
+    task: asyncio.Task[None] | None = None
+    attempts: int = 0
+    error: str | None = None  # why the last probe failed
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    def describe(self) -> dict[str, object]:
+        """As the worker API shows an engine (EngineHandle.describe), with what its probes met."""
+        return {
+            "id": self.engine_id,
+            "url": self.spec.url,
+            "family": self.spec.family,
+            "capacity": self.spec.capacity,
+            "healthy": False,
+            "state": PENDING,
+            "paused_by_engine": False,
+            "models": [],
+            "weight_version": None,
+            "missing": [],
+            "registered_at": self.registered_at,
+            "attempts": self.attempts,
+            "error": self.error,
         }
 
 
@@ -111,6 +158,7 @@ class EnginePool:
     engine_state: Callable[[str], str | None]  # the core's state of an engine: the one source of it
     session: aiohttp.ClientSession = field(init=False)  # set when the app starts
     engines: dict[str, EngineHandle] = field(default_factory=dict)
+    pending: dict[str, PendingEngine] = field(default_factory=dict)  # by URL
     # the bound every prompt id must stay under (module docstring); None while unknown
     vocab_size: int | None = field(init=False, default=None)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
@@ -123,7 +171,70 @@ class EnginePool:
             self._tokenizer_vocab = folder_vocab_size(self.settings.tokenizer)
         self._learn_vocab()
 
-    async def add(self, spec: EngineSpec) -> EngineHandle:
+    async def register(self, spec: EngineSpec) -> EngineHandle | PendingEngine:
+        """Join the engine, or keep it pending while its probe fails (module docstring); returns once its
+        first probe ended. The same URL again answers what is there: the engine, or its pending entry."""
+        handle = self.by_url(spec.url)
+        if handle is not None:
+            return handle
+        pending = self.pending.get(spec.url)
+        if pending is None:
+            pending = PendingEngine(
+                engine_id=self._next_id(),
+                spec=spec,
+                registered_at=time.time(),
+                first_try=asyncio.get_running_loop().create_future(),
+            )
+            self.pending[spec.url] = pending
+            pending.task = asyncio.create_task(self._join_when_up(pending), name=f"join-{pending.engine_id}")
+        await asyncio.wait([pending.first_try])  # a caller that goes away leaves it to its task
+        return self.by_url(spec.url) or pending
+
+    async def _join_when_up(self, pending: PendingEngine) -> None:
+        retry_s = self.real_seconds(self.settings.health_interval)
+        try:
+            while True:
+                try:
+                    await self.add(pending.spec, engine_id=pending.engine_id)
+                    return
+                except UpstreamError as error:
+                    pending.attempts += 1
+                    if pending.attempts == 1 or error.message != pending.error:
+                        log.warning(
+                            "engine %s (%s) not reachable yet (%s); kept pending, probed every %.3g s",
+                            pending.engine_id,
+                            pending.url,
+                            error.message,
+                            retry_s,
+                        )
+                    pending.error = error.message
+                finally:
+                    if not pending.first_try.done():
+                        pending.first_try.set_result(None)
+                await asyncio.sleep(retry_s)
+        finally:
+            if self.pending.get(pending.url) is pending:  # joined (in the same step), removed or closed
+                del self.pending[pending.url]
+            if not pending.first_try.done():
+                pending.first_try.set_result(None)
+
+    def find_pending(self, key: str) -> PendingEngine | None:
+        """The pending engine with this id or URL."""
+        key = key.rstrip("/")
+        return self.pending.get(key) or next((p for p in self.pending.values() if p.engine_id == key), None)
+
+    def drop_pending(self, pending: PendingEngine) -> None:
+        """Forget a registered engine that never joined: it is probed no more."""
+        if self.pending.get(pending.url) is pending:
+            del self.pending[pending.url]
+        if pending.task is not None:
+            pending.task.cancel()
+        log.info("engine %s (%s) removed before it joined", pending.engine_id, pending.url)
+
+    def _next_id(self) -> str:
+        return f"engine-{next(self._ids)}"
+
+    async def add(self, spec: EngineSpec, *, engine_id: str | None = None) -> EngineHandle:
         """Probe and join an engine. Raises UpstreamError if it cannot be reached."""
         for handle in self.engines.values():
             if handle.url == spec.url:
@@ -137,7 +248,7 @@ class EnginePool:
         info = await client.probe()
         capacity = spec.capacity or self.settings.capacity or info.capacity or self.settings.default_capacity
         handle = EngineHandle(
-            engine_id=f"engine-{next(self._ids)}",
+            engine_id=engine_id or self._next_id(),
             url=spec.url,
             client=client,
             info=info,
@@ -149,7 +260,33 @@ class EnginePool:
         self.emit(EngineJoined(engine_id=handle.engine_id, capacity=capacity, prefill_token_budget=budget))
         handle.health_task = asyncio.create_task(self._health_loop(handle), name=f"health-{handle.engine_id}")
         log.info("engine joined", extra={"engine": handle.engine_id, "url": spec.url, "capacity": capacity})
+        if info.missing:
+            self._joined_with_defaults(handle, spec)
         return handle
+
+    def _joined_with_defaults(self, handle: EngineHandle, spec: EngineSpec) -> None:
+        """The one warning for an engine that joined with defaults (EngineInfo.missing)."""
+        info = handle.info
+        if spec.capacity or self.settings.capacity:
+            capacity_from = "as configured"
+        else:
+            capacity_from = "its own" if info.capacity else "--default-capacity"
+        log.warning(
+            "%s (%s) has no %s: joined as %s with defaults: capacity %d (%s), models %s, context length %s, "
+            "weight version %s%s",
+            handle.engine_id,
+            handle.url,
+            ", ".join(info.missing),
+            info.family.value,
+            handle.capacity,
+            capacity_from,
+            ", ".join(info.models) or "none known",
+            info.max_model_len or "not known",
+            info.weight_version or "none",
+            "; it reports no load, so each call it can stream is streamed (its events are its progress)"
+            if not handle.client.reports_load
+            else "",
+        )
 
     def prefill_budget(self, info: EngineInfo, capacity: int) -> float:
         """The engine's prefill token budget: configured, derived from its chunk size and capacity, or none."""
@@ -221,6 +358,7 @@ class EnginePool:
 
     async def close(self) -> None:
         tasks = [h.health_task for h in self.engines.values() if h.health_task] + list(self._pause_reads)
+        tasks += [p.task for p in self.pending.values() if p.task is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

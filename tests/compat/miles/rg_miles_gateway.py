@@ -284,7 +284,8 @@ class Gateway:
         while True:
             try:
                 with urllib.request.urlopen(f"{self.url}/workers", timeout=2.0) as answer:
-                    if json.load(answer).get("workers"):
+                    # a registered engine that has not joined is listed too, as `pending`
+                    if any(w.get("healthy") for w in json.load(answer).get("workers", [])):
                         return True
             except (OSError, ValueError):
                 pass
