@@ -40,6 +40,26 @@ async def test_register_list_and_remove_as_miles_does(
     assert nameless.status_code == 400 and nameless.json()["error"]["param"] == "url"
 
 
+@pytest.mark.looptime  # the simulator and the gateway on the loop's time: the generation ends when it is idle
+async def test_each_worker_lists_the_requests_in_flight_on_it(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
+) -> None:
+    cluster: SimCluster = await make_cluster(engines=1)
+    gateway = await make_gateway(cluster)
+    body = {"model": "sim-model", "prompt": "go", "max_tokens": 2_000, "ignore_eos": True, "stream": True}
+    async with http.stream("POST", f"{gateway.url}/v1/completions", json=body) as response:
+        assert response.status_code == 200
+        lines = response.aiter_lines()
+        while not (await anext(lines)).startswith("data: "):
+            pass  # the first token: the request is on the engine
+        (worker,) = (await http.get(f"{gateway.url}/workers")).json()["workers"]
+        assert worker["in_flight"] == 1, worker
+        async for _ in lines:
+            pass
+    (worker,) = (await http.get(f"{gateway.url}/workers")).json()["workers"]
+    assert worker["in_flight"] == 0, worker
+
+
 async def test_a_prefill_or_decode_worker_is_refused_by_name(
     make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
 ) -> None:
@@ -121,6 +141,7 @@ async def test_a_url_not_listening_yet_is_kept_pending_and_admitted_when_it_answ
         (worker,) = (await http.get(f"{gateway.url}/workers")).json()["workers"]
         assert (worker["url"], worker["state"], worker["healthy"]) == (url, "pending", False)
         assert worker["attempts"] >= 1 and "no engine answers" in worker["error"], worker
+        assert worker["in_flight"] == 0  # miles' router counts a pending worker as 0 too
         state = (await http.get(f"{gateway.url}/admin/state")).json()
         assert state["engines"] == [] and [p["url"] for p in state["pending_engines"]] == [url]
         metrics = (await http.get(f"{gateway.url}/metrics")).text

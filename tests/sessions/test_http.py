@@ -186,6 +186,10 @@ async def test_status_codes(harness: tuple[Harness, Switchable]) -> None:
         assert response.headers["X-Rolloutgate-Session-Recorded"] == "true"
         assert response.headers["X-Rolloutgate-Engine"] == "engine-0"
         assert response.headers["X-Rolloutgate-Timing"].startswith("wall=0.500")
+    second = [*first, reply, {"role": "user", "content": "w"}]
+    async with h.http.post(url, json={"messages": second}) as response:
+        assert response.status == 200
+    # a first message edited under two turns: rolling back both is refused (one turn back at most)
     diverged = [{"role": "user", "content": "y"}, reply, {"role": "user", "content": "z"}]
     async with h.http.post(url, json={"messages": diverged}) as response:
         error = (await response.json())["error"]
@@ -194,6 +198,7 @@ async def test_status_codes(harness: tuple[Harness, Switchable]) -> None:
             "session_diverged",
             "invalid_request_error",
         )
+        assert error["message"].startswith("rollback failed: discard_count=2 exceeds")
     async with h.http.get(f"{h.url}/sessions/nope") as response:
         assert (response.status, (await response.json())["error"]["code"]) == (404, "session_not_found")
     h.clock.advance(61)

@@ -264,7 +264,10 @@ def test_plan_turn_rules(clock: ManualClock, record: Any) -> None:
     with pytest.raises(SessionDiverged) as info:
         reg.plan_turn(session, edited, _keys(edited), no_tools, strict=True)
     assert info.value.status == 400 and info.value.code == "session_diverged"
-    assert "message 0" in info.value.message
+    assert info.value.message == (  # two turns back: miles' words
+        "rollback failed: discard_count=2 exceeds max_assistant_rollback_steps=1 "
+        "(stored has 4 messages, request has 3 messages)"
+    )
     plan = reg.plan_turn(session, edited, _keys(edited), no_tools, strict=False)
     assert (plan.kind, plan.keep_turns, plan.messages_from) == (TurnKind.RESTART, 2, 0)
     # same messages, other tools: diverged, and said so
@@ -490,3 +493,52 @@ def test_a_tree_session_of_one_turn_opens_a_new_root(clock: ManualClock, record:
     other = [{"role": "user", "content": "another task"}]
     plan = reg.plan_turn(session, other, _keys(other), tools_key(None, None), strict=True)
     assert (plan.kind, plan.keep_turns, plan.messages_from) == (TurnKind.ROLLBACK, 0, 0)
+
+
+def test_concurrent_turns_of_a_tree_session_commit_as_siblings(clock: ManualClock, record: Any) -> None:
+    """miles' v2: two turns from one parent running at once both commit, under that parent; a linear session
+    takes one at a time (a different request in flight: 409) and keeps one record of a retry's twins."""
+    reg = registry(keep_branches=True)
+    session = reg.create(clock.now())
+    commit(reg, clock, session.session_id, record(0))
+    base = TurnBase(kind=TurnKind.EXTEND, keep_turns=1, messages_from=2)
+    first = reg.begin_turn(session, base, b"same request", clock.now())
+    second = reg.begin_turn(session, base, b"another request", clock.now())  # no 409 in a tree
+    reg.commit_turn(first, record(1, messages_from=2, reply="one"), clock.now())
+    reg.commit_turn(second, record(1, messages_from=2, reply="two"), clock.now())
+    paths = [*(branch.records for branch in session.branches), tuple(session.records)]
+    assert [[r.reply_message["content"] for r in path] for path in paths] == [["ok", "one"], ["ok", "two"]]
+    assert paths[0][0] is paths[1][0]  # one parent
+
+    linear = registry()
+    plain = linear.create(clock.now())
+    commit(linear, clock, plain.session_id, record(0))
+    running = linear.begin_turn(plain, base, b"same request", clock.now())
+    with pytest.raises(SessionConflict):
+        linear.begin_turn(plain, base, b"another request", clock.now())
+    twin = linear.begin_turn(plain, base, b"same request", clock.now())  # a client's retry may run beside it
+    one, two = (
+        dataclasses.replace(record(1, messages_from=2, reply=reply), request_key=b"same request")
+        for reply in ("one", "two")
+    )
+    committed = linear.commit_turn(running, one, clock.now())
+    assert linear.commit_turn(twin, two, clock.now()) is committed
+    assert [r.reply_message["content"] for r in plain.records] == ["ok", "one"]
+
+
+def test_a_tree_turn_whose_parent_left_the_current_path_is_a_conflict(
+    clock: ManualClock, record: Any
+) -> None:
+    reg = registry(keep_branches=True)
+    session = reg.create(clock.now())
+    commit(reg, clock, session.session_id, record(0))
+    commit(reg, clock, session.session_id, record(1, messages_from=2))
+    deep = reg.begin_turn(
+        session, TurnBase(kind=TurnKind.EXTEND, keep_turns=2, messages_from=4), b"a", clock.now()
+    )
+    root = reg.begin_turn(
+        session, TurnBase(kind=TurnKind.ROLLBACK, keep_turns=0, messages_from=0), b"b", clock.now()
+    )
+    reg.commit_turn(root, record(0, reply="a new root"), clock.now())  # the current path is the new root now
+    with pytest.raises(SessionConflict):
+        reg.commit_turn(deep, record(2, messages_from=4), clock.now())

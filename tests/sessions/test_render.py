@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from rolloutgate.sessions.errors import ChatTemplateError
-from rolloutgate.sessions.render import ChatRenderer, Checkpoint, close_overlap
+from rolloutgate.sessions.render import ChatRenderer, Checkpoint, as_sglang_tools, close_overlap
 from rolloutgate.sessions.testing import WEATHER_TOOL, build_tiny_tokenizer
 
 
@@ -50,7 +50,9 @@ def test_named_templates_pick_tool_use_when_tools_are_given(renderer: ChatRender
         renderer.tokenizer, {"default": "plain", "tool_use": "with {{ tools | length }} tools"}
     )
     assert named.render([], add_generation_prompt=False) == "plain"
-    assert named.render([], tools=[{}, {}], add_generation_prompt=False) == "with 2 tools"
+    assert (
+        named.render([], tools=[{"name": "a"}, {"name": "b"}], add_generation_prompt=False) == "with 2 tools"
+    )
 
 
 def test_environment_matches_hugging_face(renderer: ChatRenderer) -> None:
@@ -289,3 +291,82 @@ def test_miles_stand_in_serves_a_template_that_renders_the_last_answer_different
         )
         assert ids[: len(base.token_ids)] == list(base.token_ids)
         assert qwen.decode(ids[len(base.token_ids) :]) == f"\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+# SGLang 0.5.23's `[Tool(**t).model_dump() for t in tools]` (protocol.py), printed by that SGLang for each case
+# (`.venv-miles`, make test-miles): the tool text the engine's own chat route and miles' TITO renderer render.
+SGLANG_TOOL_DUMPS = [
+    (
+        [{"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}}],
+        [
+            {
+                "type": "function",
+                "function": {"name": "a", "parameters": {"type": "object"}, "description": None},
+                "defer_loading": None,
+            }
+        ],
+    ),
+    (
+        [{"name": "b", "description": "d", "parameters": {}}],  # a bare function
+        [
+            {
+                "type": "function",
+                "function": {"name": "b", "description": "d", "parameters": {}},
+                "defer_loading": None,
+            }
+        ],
+    ),
+    (
+        [
+            {
+                "type": "function",
+                "function": {"parameters": {"x": 1}, "name": "c", "strict": True, "extra": 5},
+                "defer_loading": True,
+            }
+        ],
+        [
+            {
+                "type": "function",
+                "function": {
+                    "parameters": {"x": 1},
+                    "name": "c",
+                    "strict": True,
+                    "description": None,
+                    "defer_loading": True,
+                },
+                "defer_loading": True,
+            }
+        ],
+    ),
+    (
+        [{"type": "function", "function": {"name": "e", "description": "z"}, "extra_top": 1}],
+        [
+            {
+                "type": "function",
+                "function": {"name": "e", "description": "z", "parameters": None},
+                "defer_loading": None,
+            }
+        ],
+    ),
+    (
+        [{"type": "function", "function": {"name": "f", "defer_loading": False}, "defer_loading": True}],
+        [
+            {
+                "type": "function",
+                "function": {"name": "f", "defer_loading": False, "description": None, "parameters": None},
+                "defer_loading": True,
+            }
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(("tools", "dumped"), SGLANG_TOOL_DUMPS)
+def test_tools_are_rendered_as_sglang_dumps_them(tools: list[Any], dumped: list[Any]) -> None:
+    # key order matters: the template writes each tool with tojson, in the dict's order
+    assert json.dumps(as_sglang_tools(tools)) == json.dumps(dumped)
+
+
+def test_a_tool_without_a_name_is_a_template_error() -> None:
+    with pytest.raises(ChatTemplateError, match=r"tools\[1\]"):
+        as_sglang_tools([{"name": "ok"}, {"type": "function", "function": {"description": "no name"}}])

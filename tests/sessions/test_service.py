@@ -132,21 +132,41 @@ async def test_multi_turn_tool_use_trajectory_is_token_exact(
 
 
 async def test_divergence_is_a_400_and_changes_nothing(clock: ManualClock, renderer: ChatRenderer) -> None:
-    engine = ScriptedGenerate(renderer, replies=["Hello!", "Fine."])
+    engine = ScriptedGenerate(renderer, replies=["Hello!", "Fine.", "Good."])
     service = service_for(engine, clock, renderer)
     sid = service.create()
     first = [{"role": "user", "content": "Hi"}]
     reply = (await service.chat(sid, chat_body(first))).completion["choices"][0]["message"]  # type: ignore[index]
-    edited_reply = {**reply, "content": "Hello"}  # the agent rewrote the model's answer
+    second = [*first, reply, {"role": "user", "content": "How are you?"}]
+    reply2 = (await service.chat(sid, chat_body(second))).completion["choices"][0]["message"]  # type: ignore[index]
+    edited_reply = {**reply, "content": "Hello"}  # the agent rewrote the model's first answer
     with pytest.raises(SessionDiverged) as info:
         await service.chat(
             sid, chat_body([*first, edited_reply, {"role": "user", "content": "How are you?"}])
         )
     assert info.value.status == 400 and info.value.code == "session_diverged"
-    assert "message 1 (assistant)" in info.value.message
-    assert len(engine.calls) == 1 and service.registry.get(sid, clock.now()).turns == 1
-    outcome = await service.chat(sid, chat_body([*first, reply, {"role": "user", "content": "How are you?"}]))
+    assert info.value.message.startswith("rollback failed: discard_count=2")  # both turns would go
+    assert len(engine.calls) == 2 and service.registry.get(sid, clock.now()).turns == 2
+    outcome = await service.chat(sid, chat_body([*second, reply2, {"role": "user", "content": "And now?"}]))
     assert outcome.status == 200
+
+
+async def test_a_rewritten_first_answer_restarts_a_one_turn_session(
+    clock: ManualClock, renderer: ChatRenderer
+) -> None:
+    engine = ScriptedGenerate(renderer, replies=["Hello!", "Fine."])
+    service = service_for(engine, clock, renderer)
+    sid = service.create()
+    first = [{"role": "user", "content": "Hi"}]
+    reply = (await service.chat(sid, chat_body(first))).completion["choices"][0]["message"]  # type: ignore[index]
+    edited = [*first, {**reply, "content": "Hello"}, {"role": "user", "content": "How are you?"}]
+    outcome = await service.chat(sid, chat_body(edited))  # miles: back to the empty checkpoint
+    assert outcome.status == 200
+    records = service.describe(sid)["records"]
+    assert len(records) == 1 and records[0]["request"]["messages"] == edited
+    assert engine.seen_input_ids[1] == renderer.first_prompt(
+        edited, tools=[WEATHER_TOOL], template_kwargs=None
+    )
 
 
 async def test_a_retried_last_turn_rolls_back(clock: ManualClock, renderer: ChatRenderer) -> None:
@@ -262,6 +282,7 @@ async def test_recorded_mode_without_a_tokenizer(clock: ManualClock) -> None:
     assert trajectory["loss_mask"] == [0, 0, 0, 1, 1, 0, 0, 1, 1]
     records = service.describe(sid)["records"]
     assert records[1]["weight_version"] == "w7" and records[1]["engine"] == "e1"
+    assert "stream" not in records[0]["request"] and "stream_options" not in records[0]["request"]
     # without a tokenizer a request that does not extend is still answered and recorded...
     await service.chat(sid, {"messages": [{"role": "user", "content": "something else"}]})
     assert len(service.describe(sid)["records"]) == 3

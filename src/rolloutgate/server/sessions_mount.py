@@ -43,7 +43,7 @@ class GatewayDispatcher:
         route = ROUTES.get(call.path)
         if route is None or call.body is None:
             raise NotFound(f"sessions cannot run {call.method} {call.path} through the gateway queue")
-        body = {**call.body, "stream": False}
+        body = dict(call.body)  # a session's calls never stream to the client (its answer is one body)
         prompt_tokens = call.prompt_tokens
         if call.max_seq_len is not None:  # the agent speaks chat: no room is a 400 (token_budget.py)
             prompt_tokens = estimate_prompt_tokens(route, body) if prompt_tokens is None else prompt_tokens

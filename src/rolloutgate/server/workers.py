@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from rolloutgate.config import EngineSpec
 from rolloutgate.errors import BadRequest, NotFound
 from rolloutgate.server.auth import check_worker_admin
-from rolloutgate.server.context import CONTEXT
+from rolloutgate.server.context import CONTEXT, GatewayContext
 from rolloutgate.server.guard import guarded
 from rolloutgate.server.pool import EnginePool, PendingEngine
 from rolloutgate.server.validate import parse_body
@@ -49,9 +49,13 @@ async def _add(
     return _json({**(extra or {}), **described}, status=200 if known else status)
 
 
-def _described(pool: EnginePool) -> list[dict[str, object]]:
-    """Every registered worker: those that joined, then those pending."""
-    return [pool.describe(e) for e in pool.engines.values()] + [p.describe() for p in pool.pending.values()]
+def _described(ctx: GatewayContext) -> list[dict[str, object]]:
+    """Every registered worker: those that joined, then those pending; each with the gateway's requests on it
+    (miles' router lists these counts as `worker_request_counts`)."""
+    pool, in_flight = ctx.pool, ctx.driver.core.stats().in_flight
+    return [
+        {**pool.describe(e), "in_flight": in_flight.get(e.engine_id, 0)} for e in pool.engines.values()
+    ] + [{**p.describe(), "in_flight": 0} for p in pool.pending.values()]
 
 
 def _remove(pool: EnginePool, key: str, *, by_id: bool = True) -> dict[str, object] | None:
@@ -93,7 +97,7 @@ def refuse_disaggregated(worker_type: object) -> None:
 async def list_workers_api(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     check_worker_admin(request, ctx.settings)
-    return _json({"workers": _described(ctx.pool)})
+    return _json({"workers": _described(ctx)})
 
 
 async def delete_worker(request: web.Request) -> web.Response:
@@ -133,7 +137,7 @@ async def miles_remove_worker(request: web.Request) -> web.Response:
 async def miles_list_workers(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     check_worker_admin(request, ctx.settings)
-    return _json({"urls": [worker["url"] for worker in _described(ctx.pool)]})
+    return _json({"urls": [worker["url"] for worker in _described(ctx)]})
 
 
 def add_routes(app: web.Application) -> None:

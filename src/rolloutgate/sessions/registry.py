@@ -12,8 +12,9 @@ no `await` between the first two, so they see one consistent state:
 The rules for a session holding n turns, whose state S_n is turn n's request messages plus its reply:
 - EXTEND: the messages start with S_n (and tools/template kwargs are unchanged): a normal next turn;
 - RETRY: the messages equal turn n's request messages: the last turn is retried; it replaces turn n;
-- ROLLBACK: n >= 2 and the messages start with S_{n-1}: the agent re-ran from the turn before (a different
-  tool result, say); it replaces turn n. At most one turn is ever rolled back;
+- ROLLBACK: the messages start with S_{n-1}: the agent re-ran from the turn before (a different tool result,
+  say; for n = 1 any other first request); it replaces turn n. At most one turn is ever rolled back (a
+  request that would discard more is refused in miles' words: `rollback failed: discard_count=...`);
 - tree sessions (`keep_branches`, miles' v2) also branch deeper: from the deepest earlier turn whose state
   the messages start with, or from the root when even the first messages differ; and a turn may not extend
   one cut off at `length` (`TruncatedGeneration`, 409, as miles answers), only retry it;
@@ -32,7 +33,9 @@ Limits (`SessionLimits`), all enforced here:
 - `max_records_per_session`: a turn beyond it fails with `SessionRecordLimit` (400).
 Concurrency inside one session: a second request while a turn is in flight fails with `SessionConflict`
 (409, retryable) unless it is the same request (a client retry), which may run and whose commit is then a
-duplicate that changes nothing.
+duplicate that changes nothing. A tree session (`keep_branches`) takes concurrent turns as miles' v2 does:
+each commits, the later ones as siblings of the earlier (their turns before still the current path's), and
+its sample picker chooses among the leaves.
 
 Durability: an optional `SessionJournal` (sessions/store.py, with `--state-dir`) hears of every created
 session and committed turn BEFORE the change is applied in memory (if it raises, nothing changed), and of
@@ -275,11 +278,9 @@ class SessionRegistry:
         if last.tools_key == tools_key and list(keys) == state_keys[:-1]:
             shared = _common_prefix(keys, previous_keys)
             return TurnBase(kind=TurnKind.RETRY, keep_turns=n - 1, messages_from=shared)
-        if (
-            n >= 2
-            and records[-2].tools_key == tools_key
-            and _common_prefix(keys, previous_keys) == len(previous_keys)
-        ):
+        if (n == 1 or records[-2].tools_key == tools_key) and _common_prefix(keys, previous_keys) == len(
+            previous_keys
+        ):  # n == 1: back to the empty session, a new first turn (miles: the empty checkpoint)
             return TurnBase(kind=TurnKind.ROLLBACK, keep_turns=n - 1, messages_from=len(previous_keys))
         if self.limits.keep_branches:
             branch = _deepest_branch_point(session, keys, tools_key)
@@ -292,6 +293,12 @@ class SessionRegistry:
         if shared == len(state_keys):
             detail = "its tools or chat_template_kwargs differ from the session's"
         else:
+            discarded = n - _turns_within(session, shared)
+            if discarded > 1:  # miles' own words for it (linear_trajectory.py), which its pins read
+                raise SessionDiverged(
+                    f"rollback failed: discard_count={discarded} exceeds max_assistant_rollback_steps=1 "
+                    f"(stored has {len(state)} messages, request has {len(messages)} messages)"
+                )
             detail = describe_difference(state, messages, shared)
         raise SessionDiverged(
             f"the request does not extend session {session.session_id}: {detail}. A session is one linear "
@@ -303,7 +310,9 @@ class SessionRegistry:
         """Mark a turn in flight. Raises SessionConflict (another request in flight) or SessionRecordLimit."""
         if self._sessions.get(session.session_id) is not session:
             raise self._missing(session.session_id)
-        if any(t.request_key != request_key for t in session.in_flight.values()):
+        if not self.limits.keep_branches and any(
+            t.request_key != request_key for t in session.in_flight.values()
+        ):
             self._count("busy")
             raise SessionConflict(
                 f"session {session.session_id} has another request in flight; a session's turns are sequential",
@@ -321,6 +330,7 @@ class SessionRegistry:
             base=base,
             base_version=session.version,
             request_key=request_key,
+            base_seqs=tuple(session.seqs[: base.keep_turns]),
         )
         session.in_flight[ticket.ticket_id] = ticket
         self._touch(session, now)
@@ -337,7 +347,13 @@ class SessionRegistry:
             raise self._missing(ticket.session_id)
         session.in_flight.pop(ticket.ticket_id, None)
         self._touch(session, now)
-        if session.version != ticket.base_version:
+        if (
+            session.version != ticket.base_version
+            and self.limits.keep_branches
+            and tuple(session.seqs[: ticket.base.keep_turns]) == ticket.base_seqs
+        ):
+            pass  # a tree: a turn whose base is still on the current path is a sibling of what committed since
+        elif session.version != ticket.base_version:
             last = session.records[-1] if session.records else None
             if (
                 last is not None
@@ -520,6 +536,14 @@ def _deepest_branch_point(session: Session, keys: Sequence[bytes], tools_key: by
         if _common_prefix(keys, state_keys) == len(state_keys):
             return TurnBase(kind=TurnKind.ROLLBACK, keep_turns=keep, messages_from=len(state_keys))
     return None
+
+
+def _turns_within(session: Session, shared: int) -> int:
+    """How many of the session's turns end (their answer included) within its first `shared` messages."""
+    for turns in range(len(session.records), 0, -1):
+        if len(session.state_after(turns)[1]) <= shared:
+            return turns
+    return 0
 
 
 def _record_cost(record: TurnRecord) -> int:

@@ -226,17 +226,21 @@ class ChatRenderer:
         normalized = _as_templates_expect(messages)
         # Most templates index tool-call arguments as objects; some (DeepSeek-V3.1) concatenate them as the JSON
         # text they came as: the messages as given are the second try.
-        for attempt in (normalized, list(messages)) if normalized != messages else (normalized,):
-            try:
-                return template.render(
-                    messages=attempt,
-                    tools=tools or None,
-                    add_generation_prompt=add_generation_prompt,
-                    **context,
-                )
-            # a template is a program: whatever it raises on these messages is theirs to fix, never a 500
-            except Exception as exc:
-                failure = exc
+        attempts = [(normalized, list(messages)) if normalized != messages else (normalized,)]
+        tool_defs = as_sglang_tools(tools)
+        tool_tries = (tool_defs, [t["function"] for t in tool_defs]) if tool_defs else (None,)
+        for tool_try in tool_tries:  # SGLang's (and miles') fallback: the bare functions, for templates that
+            for attempt in attempts[0]:  # want them
+                try:
+                    return template.render(
+                        messages=attempt,
+                        tools=tool_try,
+                        add_generation_prompt=add_generation_prompt,
+                        **context,
+                    )
+                # a template is a program: whatever it raises on these messages is theirs to fix, never a 500
+                except Exception as exc:
+                    failure = exc
         raise ChatTemplateError(f"the chat template failed on these messages: {failure}") from failure
 
     def encode(self, text: str) -> list[int]:
@@ -380,6 +384,42 @@ class ChatRenderer:
 
     def __repr__(self) -> str:
         return f"<ChatRenderer {self.name} close={list(self.close_ids)} stop={list(self.stop_token_ids)}>"
+
+
+def as_sglang_tools(tools: Sequence[Any] | None) -> list[dict[str, Any]] | None:
+    """The tool definitions as SGLang's chat route hands them to the template, and miles' TITO renderer with it
+    (`[Tool(**t).model_dump() for t in tools]`, SGLang 0.5.23 protocol.py; miles' `extract_tool_dicts`): a bare
+    function is wrapped; each tool is `type`, `function` and `defer_loading` (null unless sent); the function
+    keeps the keys it came with, in their order, the ones the model knows and the client left out (description,
+    parameters) after them as null, `strict` and `defer_loading` only when set, other keys dropped. Rendering
+    them any other way gives the engine another prompt than the one miles and SGLang render for the same call.
+    Raises ChatTemplateError for a tool without a string name."""
+    if not tools:
+        return None
+    out: list[dict[str, Any]] = []
+    for at, tool in enumerate(tools):
+        wrapped = (
+            tool if isinstance(tool, dict) and "function" in tool else {"type": "function", "function": tool}
+        )
+        function = wrapped["function"]
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ChatTemplateError(f"tools[{at}] is not a function definition with a string name")
+        defer_loading = wrapped.get("defer_loading")
+        known = {"description": None, "parameters": None, "strict": None, "defer_loading": None, **function}
+        if known["defer_loading"] is None:  # the tool's own flag, placed as a key the client did not send
+            known["defer_loading"] = defer_loading
+        dumped = {
+            key: known[key]
+            for key in (*function, "description", "name", "parameters", "strict", "defer_loading")
+            if key in _FUNCTION_FIELDS and not (key in ("strict", "defer_loading") and known[key] is None)
+        }
+        out.append(
+            {"type": wrapped.get("type", "function"), "function": dumped, "defer_loading": defer_loading}
+        )
+    return out
+
+
+_FUNCTION_FIELDS = frozenset({"description", "name", "parameters", "strict", "defer_loading"})
 
 
 def _as_templates_expect(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -466,11 +466,16 @@ def _request_key(tkey: bytes, keys: Sequence[bytes]) -> bytes:
 
 
 def _without_messages(body: dict[str, Any], session: Session) -> dict[str, Any]:
-    request = {k: v for k, v in body.items() if k != "messages"}
+    """The turn's request as its record keeps it: without the messages (kept once, as the session's) and the
+    client's transport flags (`stream`, `stream_options`: a streamed and a whole answer are the same turn)."""
+    request = {k: v for k, v in body.items() if k not in _NOT_RECORDED}
     previous = session.records[-1].request if session.records else None
     if previous is not None and "tools" in request and previous.get("tools") == request["tools"]:
         request["tools"] = previous["tools"]  # share one copy across turns
     return request
+
+
+_NOT_RECORDED = frozenset({"messages", "stream", "stream_options"})
 
 
 def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:

@@ -49,6 +49,9 @@ class TurnTicket:
     base: TurnBase
     base_version: int
     request_key: bytes
+    base_seqs: tuple[
+        int, ...
+    ] = ()  # the seqs of the turns it extends: a tree session's sibling commits check them
 
 
 @dataclass(frozen=True, slots=True)
