@@ -44,14 +44,14 @@ test-install: $(STAMP)
 	$(BIN)/python -m pytest -q -m install tests/install
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
 sim-bench: $(READY) wrk
-	$(BIN)/python -m rolloutgate.bench.perf.sim_throughput
+	$(BIN)/python -m benchmarks.perf.sim_throughput
 
 # Heavier suites and tools, one file each (e2e, bench, reliability).
 -include mk/*.mk

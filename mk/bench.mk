@@ -1,4 +1,4 @@
-# Gateway performance benchmark (docs/benchmarks.md); not part of `make test`.
+# Gateway performance benchmark (docs/benchmarks.md; benchmarks/perf/, beside the package); not part of `make test`.
 #   make bench                        the engine alone, rolloutgate and the SGLang Model Gateway side by side,
 #                                     streams in flight, dispatch cost, RL progress watching; writes
 #                                     out/bench/perf-*.json and the generated block of docs/benchmarks.md
@@ -10,10 +10,10 @@
 #   make bench-rl BENCH_RL_ARGS='--quick'       the same in seconds (the harness's smoke test)
 #   make bench-tools                  what they drive, installed here (never by the package):
 #     - wrk, with apt-get where it is missing and can be (root, Debian-like); where it cannot, the benchmarks'
-#       Python load generator stands in (bench/perf/load.py) and the report says which ran;
+#       Python load generator stands in (benchmarks/perf/load.py) and the report says which ran;
 #     - the SGLang Model Gateway in its own venv ($(ROUTER_VENV), once); where it cannot be installed (no
 #       network, no wheel) the benchmarks leave its rows out.
-# py-spy comes with the `bench` extra.
+# py-spy comes with the `bench` extra (with the replay's and the clients' packages the benchmarks use).
 BENCH_STAMP   := $(VENV)/.installed-bench
 BENCH_ARGS    ?=
 BENCH_RL_ARGS ?=
@@ -48,7 +48,7 @@ $(ROUTER_STAMP):
 bench-tools: wrk $(ROUTER_STAMP)
 
 bench: $(READY) $(BENCH_STAMP) bench-tools
-	$(BIN)/python -m rolloutgate bench $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks.perf $(BENCH_ARGS)
 
 bench-rl: $(READY) $(BENCH_STAMP) bench-tools
-	$(BIN)/python -m rolloutgate bench --only rl-shape $(BENCH_RL_ARGS)
+	$(BIN)/python -m benchmarks.perf --only rl-shape $(BENCH_RL_ARGS)

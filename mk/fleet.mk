@@ -22,10 +22,10 @@ test-fleet: $(READY) $(FLEET_STAMP)
 	$(BIN)/python -m pytest -m fleet tests/fleet -q $(FLEET_ARGS)
 
 fleet-hop-cost: $(READY) $(FLEET_STAMP)
-	$(BIN)/python -m rolloutgate.fleet.hop_cost
+	$(BIN)/python -m benchmarks.fleet.hop_cost
 
 fleet-replication-cost: $(READY) $(FLEET_STAMP)
-	$(BIN)/python -m rolloutgate.fleet.replication_cost
+	$(BIN)/python -m benchmarks.fleet.replication_cost
 
 fleet-scale: $(READY) $(FLEET_STAMP)
-	$(BIN)/python -m rolloutgate.fleet.scale --calls 288
+	$(BIN)/python -m benchmarks.fleet.scale --calls 288

@@ -16,7 +16,7 @@ PREFILL_EXACT_ARGS ?=
 .PHONY: prefill-compare prefill-exact
 
 prefill-compare: $(READY)
-	LITELLM_LOCAL_MODEL_COST_MAP=True $(BIN)/python -m rolloutgate.bench.prefill.replay --out $(PREFILL_OUT) $(PREFILL_ARGS)
+	LITELLM_LOCAL_MODEL_COST_MAP=True $(BIN)/python -m benchmarks.prefill.replay --out $(PREFILL_OUT) $(PREFILL_ARGS)
 
 prefill-exact: $(READY)
-	$(BIN)/python -m rolloutgate.bench.prefill.exact --out $(PREFILL_EXACT_OUT) $(PREFILL_EXACT_ARGS)
+	$(BIN)/python -m benchmarks.prefill.exact --out $(PREFILL_EXACT_OUT) $(PREFILL_EXACT_ARGS)

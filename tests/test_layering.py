@@ -1,6 +1,7 @@
 """Layering: core/ imports only the standard library and rolloutgate.core, and never time, random, asyncio,
-logging or aiohttp (STYLE.md, conventions 1 and 2). Checked on the source's AST, so a lazy or conditional import
-is caught too."""
+logging or aiohttp (STYLE.md, conventions 1 and 2); the package never imports the benchmarks beside it
+(benchmarks/, not in the wheel). Checked on the source's AST, so a lazy or conditional import is caught too, and
+a module named in a string (importlib, the CLI's subcommand table) as well."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-CORE = Path(__file__).resolve().parents[1] / "src" / "rolloutgate" / "core"
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "rolloutgate"
+CORE = PACKAGE / "core"
 FORBIDDEN = {"time", "random", "asyncio", "logging", "aiohttp"}
 CORE_FILES = sorted(CORE.rglob("*.py"))
+PACKAGE_FILES = sorted(PACKAGE.rglob("*.py"))
 
 
 def imported_modules(path: Path) -> list[str]:
@@ -52,3 +55,28 @@ def test_the_checker_catches_violations(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    import time\n    from rolloutgate.server import app\n")
     assert imported_modules(bad) == ["time", "rolloutgate.server"]
+
+
+def named_modules(path: Path) -> list[str]:
+    """What `path` imports, plus every string in it that names a module of the benchmarks (`importlib`)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    strings = [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and (node.value == "benchmarks" or node.value.startswith("benchmarks."))
+    ]
+    return imported_modules(path) + strings
+
+
+@pytest.mark.parametrize("path", PACKAGE_FILES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_package_never_imports_the_benchmarks(path: Path) -> None:
+    for module in named_modules(path):
+        assert module.split(".")[0] != "benchmarks", f"{path.relative_to(PACKAGE)} imports {module}"
+
+
+def test_the_benchmark_checker_catches_a_lazy_import_and_a_named_module(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text('def f():\n    from benchmarks.kit import stats\n\nTABLE = {"bench": "benchmarks.perf.cli"}\n')
+    assert named_modules(bad) == ["benchmarks.kit", "benchmarks.perf.cli"]

@@ -1,7 +1,8 @@
-"""Command line: `rolloutgate {serve,sim,replay,bench,fleet}`.
+"""Command line: `rolloutgate {serve,sim,replay,fleet,top}`.
 
-Each subcommand lives with its part (server, sim, bench) and registers its own flags; this module only
-dispatches, importing a part when its subcommand runs so `rolloutgate sim` never loads the gateway.
+Each subcommand lives with its part (server, sim, replay) and registers its own flags; this module only
+dispatches, importing a part when its subcommand runs so `rolloutgate sim` never loads the gateway. The
+benchmarks are not a subcommand: they live beside the package, in the repository's benchmarks/ (`make bench`).
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from collections.abc import Sequence
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("rolloutgate.server.cli", "run the gateway"),
     "sim": ("rolloutgate.sim.cli", "run simulated SGLang or vLLM engines"),
-    "replay": ("rolloutgate.bench.replay.cli", "replay the incident side by side (engine time vs wallclock)"),
-    "bench": ("rolloutgate.bench.perf.cli", "gateway performance benchmarks"),
+    "replay": ("rolloutgate.replay.cli", "replay the incident side by side (engine time vs wallclock)"),
     "fleet": ("rolloutgate.fleet.cli", "gateway replicas on Ray, each owning a shard of the engines"),
     "top": ("rolloutgate.top.cli", "a live view of a gateway or fleet: engines, queue, clocks, waste"),
 }

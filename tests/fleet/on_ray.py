@@ -9,9 +9,9 @@ from contextlib import contextmanager
 import httpx
 import ray
 
+from benchmarks.fleet.hop_cost import rolloutgate_process
 from rolloutgate.config import GatewaySettings
 from rolloutgate.fleet import Fleet, start_fleet
-from rolloutgate.fleet.hop_cost import rolloutgate_process
 
 
 @contextmanager

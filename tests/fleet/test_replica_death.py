@@ -1,6 +1,6 @@
 """A replica SIGKILLed mid-rollout (`make test-fleet`), the issue's scenario: a local Ray cluster, 3 replica
 actors, 6 simulated SGLang engines (`rolloutgate sim`, x100), no `--state-dir` (the records live on two
-replicas, fleet/replication.py), and the replay's agents (bench/replay/agents.py: LiteLLM with its default
+replicas, fleet/replication.py), and the replay's agents (replay/agents.py: LiteLLM with its default
 retries, non-streamed turns) through the one URL, the fleet's shared port that every replica listens on: six on
 the session API (`/sessions/{id}/v1`), three with a routing key (`X-Session-Id` on `/v1`). Once replica 0 has
 turns running, its process is SIGKILLed: it was the owner of some calls and the forwarder of others. The agents
@@ -27,11 +27,11 @@ import aiohttp
 import httpx
 import pytest
 
-from rolloutgate.bench.replay.agents import AgentFleet, TurnRecord, import_litellm
-from rolloutgate.bench.replay.scenario import ReplayConfig, agent_plan
-from rolloutgate.bench.replay.world import warm_up
 from rolloutgate.config import GatewaySettings
 from rolloutgate.fleet import Fleet
+from rolloutgate.replay.agents import AgentFleet, TurnRecord, import_litellm
+from rolloutgate.replay.scenario import ReplayConfig, agent_plan
+from rolloutgate.replay.world import warm_up
 from tests.fleet.on_ray import fleet_on_ray, pools_hold, simulated_engines, wait_for
 from tests.ports import port_of, reserved_port
 

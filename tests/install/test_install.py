@@ -2,7 +2,8 @@
 
 The tree as a fresh clone has it (tracked and untracked-but-not-ignored files: no build of this checkout) is
 copied, installed with pip's build isolation as a user would install it, and asked which of its modules are C
-extensions once the whole gateway is imported.
+extensions once the whole gateway is imported, and what the wheel holds: the package, never the benchmarks beside
+it (benchmarks/) or the tests.
 """
 
 from __future__ import annotations
@@ -82,3 +83,16 @@ def test_pip_install_runs_the_compiled_modules(tmp_path: Path) -> None:
         for p in PACKAGE.rglob(f"*{suffix}")
     )
     assert not built or built == expected, built
+    # the wheel holds the package alone: no benchmarks (benchmarks/ stays in the repository), no tests
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    (record,) = site.glob("rolloutgate-*.dist-info/RECORD")
+    installed = {line.split(",", 1)[0].split("/", 1)[0] for line in record.read_text().splitlines()}
+    assert "rolloutgate" in installed and not installed & {"benchmarks", "tests"}, sorted(installed)
+    assert not (site / "benchmarks").exists() and not (site / "rolloutgate" / "bench").exists()

@@ -24,7 +24,7 @@ import orjson
 import pytest
 from safetensors.numpy import load
 
-from rolloutgate.bench.perf.rl_shape import request_body
+from benchmarks.perf.rl_shape.plan import request_body
 from rolloutgate.sessions.testing import build_tiny_tokenizer
 from tests.server.conftest import MakeCluster, MakeGateway
 from tests.server.users_path import final_timing, quarantines

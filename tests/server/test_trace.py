@@ -11,8 +11,8 @@ import httpx
 import orjson
 import pytest
 
-from rolloutgate.bench.replay.trace_workload import read_trace
 from rolloutgate.core.events import GateClosed, GateOpened, PauseMode
+from rolloutgate.replay.trace_workload import read_trace
 from rolloutgate.server.trace import FLUSH_BYTES, TRACE_VERSION, TraceRecorder
 from rolloutgate.sim.faults import Fault
 from tests.server.conftest import MakeCluster, MakeGateway

@@ -1,0 +1,1 @@
+"""What the fleet costs: the one hop, a session record's replication, the fleet as it grows (docs/fleet.md; Ray)."""

@@ -1,0 +1,1 @@
+"""The gateway's performance benchmarks: `python -m benchmarks.perf` (cli.py, docs/benchmarks.md)."""

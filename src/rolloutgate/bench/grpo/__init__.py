@@ -1,1 +1,0 @@
-"""GRPO groups placed together against placed alone, on the simulator (`python -m rolloutgate.bench.grpo`)."""

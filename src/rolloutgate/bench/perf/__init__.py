@@ -1,1 +1,0 @@
-"""The gateway's performance benchmarks: `rolloutgate bench` (cli.py, docs/benchmarks.md)."""
