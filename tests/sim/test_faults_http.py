@@ -196,7 +196,14 @@ async def test_state_lists_counts_and_requests(
 
 async def test_bad_fault_bodies_are_400(make_cluster: ClusterFactory, session: aiohttp.ClientSession) -> None:
     cluster = await make_cluster(time_scale=SCALE)
-    for body in ({"fault": "explode"}, {"fault": "stall"}, {"fault": "slow", "factor": 0}, {}):
+    for body in (
+        {"fault": "explode"},
+        {"fault": "stall"},
+        {"fault": "slow", "factor": 0},
+        {"fault": "compile"},  # a compile needs its length
+        {"fault": "restart", "duration_s": 5, "down_s": -1},
+        {},
+    ):
         status, _ = await post_json(session, cluster.urls[0] + "/sim/faults", body)
         assert status == 400
 
@@ -207,6 +214,109 @@ def test_fault_flags() -> None:
     assert parse_fault_flag("1:stall:rid-7") == ("1", Fault(kind="stall", rid="rid-7"))
     assert parse_fault_flag("0:refuse:429") == ("0", Fault(kind="refuse", status=429))
     assert parse_fault_flag("0:crash:30") == ("0", Fault(kind="crash", duration_s=30.0))
-    for bad in ("freeze", "0:melt", "0:slow:x"):
+    assert parse_fault_flag("all:compile:120") == ("all", Fault(kind="compile", duration_s=120.0))
+    assert parse_fault_flag("0:restart:90") == ("0", Fault(kind="restart", duration_s=90.0))
+    for bad in ("freeze", "0:melt", "0:slow:x", "0:compile", "0:restart"):  # compile, restart: a length
         with pytest.raises(ValueError):
             parse_fault_flag(bad)
+
+
+# --- busy or dead: what a liveness check sees (docs/reliability.md, "Busy is not dead") ----------------------
+
+
+async def status_within(
+    session: aiohttp.ClientSession, url: str, simulated_s: float, scale: float
+) -> int | None:
+    """The status of a GET answered within `simulated_s`, else None (it hangs)."""
+    try:
+        async with asyncio.timeout(simulated_s / scale):
+            async with session.get(url) as response:
+                return response.status
+    except TimeoutError:
+        return None
+
+
+async def test_a_compile_holds_the_first_client_step_and_the_scheduler_but_not_health_probes_shapes(
+    make_cluster: ClusterFactory, session: aiohttp.ClientSession
+) -> None:
+    cluster = await make_cluster(time_scale=SCALE, faults=[Fault(kind="compile", duration_s=120.0)])
+    url, engine = cluster.urls[0], cluster.engines[0]
+    assert await status_within(session, url + "/health", 30.0, SCALE) == 200  # a probe's shape: no compile
+    assert [f.kind for f in engine.faults] == ["compile"]
+    sent_at = engine.now()
+    first = asyncio.create_task(
+        post_json(
+            session,
+            url + "/generate",
+            {"text": "a", "rid": "first", "sampling_params": {"max_new_tokens": 4}},
+        )
+    )
+    await wait_running(engine)
+    # the scheduler is inside the compiling forward pass: its control round trip and the health probe wait
+    assert await status_within(session, url + "/get_load", 30.0, SCALE) is None
+    assert await status_within(session, url + "/health", 30.0, SCALE) == 503  # SGLang's own 20 s, no output
+    async with session.get(url + "/metrics") as metrics:  # served beside the scheduler: frozen gauges
+        assert metrics.status == 200
+    status, _ = await first
+    request = engine.request("first")
+    assert status == 200 and request is not None and request.first_token_at is not None
+    assert request.first_token_at - sent_at >= 120.0
+    assert await status_within(session, url + "/get_load", 1.0, SCALE) == 200
+    later_sent = engine.now()
+    status, answer = await post_json(
+        session, url + "/generate", {"text": "b", "rid": "later", "sampling_params": {"max_new_tokens": 4}}
+    )
+    assert status == 200 and answer["meta_info"]["e2e_latency"] < 1.0  # compiled once
+    assert engine.now() - later_sent < 1.0 and engine.faults == []
+
+
+@pytest.mark.parametrize("api", ["sglang", "vllm"])
+async def test_a_wedge_answers_health_and_generates_nothing(
+    make_cluster: ClusterFactory, session: aiohttp.ClientSession, api: str
+) -> None:
+    cluster = await make_cluster(time_scale=SCALE, api=api)
+    url, engine = cluster.urls[0], cluster.engines[0]
+    engine.set_fault(Fault(kind="wedge"))
+    body = {"prompt": "a", "model": "sim-model", "max_tokens": 5}
+    stuck = asyncio.create_task(post_json(session, url + "/v1/completions", body))
+    await wait_until(lambda: engine.running_count + engine.waiting_count == 1)
+    await asyncio.sleep(LONG_AFTER_S / SCALE)
+    assert not stuck.done() and engine.generated_tokens_total == 0
+    assert await status_within(session, url + "/health", 1.0, SCALE) == 200
+    if api == "sglang":
+        assert await status_within(session, url + "/get_load", 5.0, SCALE) is None
+    engine.clear_faults("wedge")
+    status, answer = await stuck
+    assert status == 200 and answer["usage"]["completion_tokens"] == 5
+
+
+async def test_a_restart_drops_everything_refuses_then_answers_503_then_serves(
+    make_cluster: ClusterFactory, session: aiohttp.ClientSession
+) -> None:
+    cluster = await make_cluster(time_scale=SCALE)
+    url, engine = cluster.urls[0], cluster.engines[0]
+    body = {"text": "a", "stream": True, "sampling_params": {"max_new_tokens": 20_000}}
+    async with session.post(url + "/generate", json=body) as response:
+        await response.content.readline()
+        started_at = engine.now()
+        await fault(session, url, {"fault": "restart", "down_s": 10.0, "duration_s": 30.0})
+        with pytest.raises(aiohttp.ClientError):
+            await read_sse(response)
+    with pytest.raises(aiohttp.ClientConnectorError):
+        await post_json(session, url + "/generate", {"text": "b"})
+    assert engine.running_count == 0 and engine.is_starting
+    await asyncio.wait_for(engine.wait_listening(), 15.0 / SCALE)
+    assert engine.now() - started_at >= 10.0
+    for path in ("/health", "/ready", "/ping"):
+        assert await status_within(session, url + path, 1.0, SCALE) == 503, path
+    status, _ = await post_json(
+        session, url + "/generate", {"text": "b", "sampling_params": {"max_new_tokens": 2}}
+    )
+    assert status == 503
+    await wait_until(lambda: not engine.is_starting, timeout_s=40.0 / SCALE)
+    assert engine.now() - started_at >= 40.0
+    assert await status_within(session, url + "/health", 5.0, SCALE) == 200
+    status, _ = await post_json(
+        session, url + "/generate", {"text": "b", "sampling_params": {"max_new_tokens": 2}}
+    )
+    assert status == 200 and engine.url == url

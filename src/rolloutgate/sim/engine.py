@@ -20,7 +20,7 @@ from aiohttp import web
 from rolloutgate.runtime_clock import LoopClock
 from rolloutgate.sim.driver import SimDriver
 from rolloutgate.sim.engine_model import EngineModel
-from rolloutgate.sim.faults import Fault
+from rolloutgate.sim.faults import SELF_ENDING, Fault
 from rolloutgate.sim.output_path import OutputQueue
 from rolloutgate.sim.profiles import SimEngineConfig
 from rolloutgate.sim.request import SimRequest
@@ -61,7 +61,10 @@ class SimEngine:
         self._updating = False
         self._update_lock = asyncio.Lock()
         self._idle_waiters: list[asyncio.Future[None]] = []
+        self._scheduler_waiters: list[asyncio.Future[None]] = []  # control requests behind a stuck pass
         self._fault_timers: dict[str, asyncio.TimerHandle] = {}
+        self._relisten: asyncio.Task[None] | None = None  # opening the port again after a crash
+        self.restarts = 0  # restart faults so far: a new process each time (its HTTP face's flags reset)
         self._handlers: set[asyncio.Task[Any]] = set()
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -181,6 +184,27 @@ class SimEngine:
     def is_crashed(self) -> bool:
         return "crash" in self.model.faults
 
+    @property
+    def is_starting(self) -> bool:
+        """Restarted and not serving yet (the restart fault): health and generation answer 503."""
+        return "restart" in self.model.faults
+
+    @property
+    def is_scheduler_stuck(self) -> bool:
+        """In a forward pass that does not return (freeze, wedge) or has not yet (compile): SGLang's
+        scheduler answers no control request (`/get_load`) meanwhile."""
+        self.sync()
+        return self.model.is_scheduler_stuck
+
+    async def wait_scheduler(self) -> None:
+        """Return once the scheduler is out of its forward pass (at once when it is not in one): the driver's
+        wake-up at the step's end, or after the fault is cleared, lets it go."""
+        if not self.is_scheduler_stuck:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._scheduler_waiters.append(future)
+        await future
+
     def request(self, rid: str) -> SimRequest | None:
         self.sync()
         return self.model.request(rid)
@@ -190,6 +214,8 @@ class SimEngine:
         return {r.rid: r for r in self.model.requests()}
 
     def refusal_status(self) -> int | None:
+        if self.is_starting:
+            return 503  # loading its weights after a restart
         fault = self.model.faults.get("refuse")
         return None if fault is None else fault.status
 
@@ -318,6 +344,11 @@ class SimEngine:
             self._open.set()
 
     def _after_wake(self) -> None:
+        if self._scheduler_waiters and not self.model.is_scheduler_stuck:
+            waiters, self._scheduler_waiters = self._scheduler_waiters, []
+            for future in waiters:
+                if not future.done():
+                    future.set_result(None)
         if self._idle_waiters and self.model.live_count == 0:
             waiters, self._idle_waiters = self._idle_waiters, []
             for future in waiters:
@@ -332,19 +363,36 @@ class SimEngine:
             fault = Fault(kind=fault, **params)
         now = self.now()
         self.model.set_fault(fault, now)
-        if fault.kind == "crash":
+        if fault.kind in ("crash", "restart"):
             self.model.crash(now)
             self._drop_connections()
+            self.restarts += fault.kind == "restart"
         self.driver.poke()
-        timer = self._fault_timers.pop(fault.key, None)
-        if timer is not None:
-            timer.cancel()
-        if math.isfinite(fault.duration_s):
-            delay = self.clock.real_seconds(fault.duration_s)
-            self._fault_timers[fault.key] = asyncio.get_running_loop().call_later(
-                delay, self.clear_faults, fault.key
+        for key in (fault.key, f"{fault.key}:listen"):
+            timer = self._fault_timers.pop(key, None)
+            if timer is not None:
+                timer.cancel()
+        loop = asyncio.get_running_loop()
+        if fault.kind == "restart":  # back on its port after down_s, serving after duration_s more
+            self._fault_timers["restart:listen"] = loop.call_later(
+                self.clock.real_seconds(fault.down_s), self._listen_again
             )
+            self._fault_timers["restart"] = loop.call_later(
+                self.clock.real_seconds(fault.down_s + fault.duration_s), self.clear_faults, "restart"
+            )
+        elif math.isfinite(fault.duration_s) and fault.kind not in SELF_ENDING:
+            delay = self.clock.real_seconds(fault.duration_s)
+            self._fault_timers[fault.key] = loop.call_later(delay, self.clear_faults, fault.key)
         return fault
+
+    def _listen_again(self) -> None:
+        """Open the port again (after a crash or the down time of a restart), unless it is open."""
+        self._fault_timers.pop("restart:listen", None)
+        if self._server is not None or (self._relisten is not None and not self._relisten.done()):
+            return
+        task = self._relisten = asyncio.get_running_loop().create_task(self._listen())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def clear_faults(self, kind: str | None = None) -> None:
         """Clear every fault, or those of one kind (`stall` clears all stalls), or one key (`stall:<rid>`)."""
@@ -355,14 +403,13 @@ class SimEngine:
             if kind is None or key == kind or fault.kind == kind
         ]
         for key in keys:
-            timer = self._fault_timers.pop(key, None)
-            if timer is not None:
-                timer.cancel()
+            for timer_key in (key, f"{key}:listen"):
+                timer = self._fault_timers.pop(timer_key, None)
+                if timer is not None:
+                    timer.cancel()
             self.model.clear_fault(key, now)
-            if key == "crash":
-                task = asyncio.get_running_loop().create_task(self._listen())
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+            if key in ("crash", "restart"):
+                self._listen_again()
         self.driver.poke()
 
     def __repr__(self) -> str:

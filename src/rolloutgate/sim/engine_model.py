@@ -23,7 +23,10 @@ Rules:
 5. Abort: a waiting request finishes at once ("Abort in waiting queue"); a running one at the end of the
    step in flight (SGLang, "Aborted") or at once (vLLM, or when no step runs). A frozen engine processes
    no aborts until it thaws.
-6. Holds (pause in place, retract, freeze) stop the step clock; the step resumes where it stopped.
+6. Holds (pause in place, retract, freeze, wedge) stop the step clock; the step resumes where it stopped.
+7. A compile (fault) lengthens the first step that runs a client's request, once; while that step or a
+   freeze or wedge lasts, the scheduler is stuck in a forward pass (`is_scheduler_stuck`): it answers no
+   control request.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class _Step:
     decoders: list[SimRequest] = field(default_factory=list)
     prefill: list[tuple[SimRequest, int]] = field(default_factory=list)
     remaining_s: float = 0.0  # while held
+    is_compiling: bool = False  # lengthened by a compile fault: the scheduler is stuck in it
 
 
 class LedgerHooks(Protocol):
@@ -106,7 +110,13 @@ class EngineModel:
 
     @property
     def is_frozen(self) -> bool:
-        return "freeze" in self._holds
+        return "freeze" in self._holds or "wedge" in self._holds
+
+    @property
+    def is_scheduler_stuck(self) -> bool:
+        """Whether the scheduler is inside a forward pass that does not return (frozen, wedged) or has not
+        yet (a compile), as of the last `advance`: it answers no control request then."""
+        return self.is_frozen or (self._step is not None and self._step.is_compiling)
 
     @property
     def running_count(self) -> int:
@@ -230,8 +240,8 @@ class EngineModel:
         self._run_until(now)
         previous_slow = self._slow()
         self.faults[fault.key] = fault
-        if fault.kind == "freeze":
-            self._hold("freeze", now)
+        if fault.kind in ("freeze", "wedge"):
+            self._hold(fault.kind, now)
         elif fault.kind == "slow":
             self._rescale_step(now, fault.factor, previous_slow)
         self._wake(now)
@@ -242,8 +252,8 @@ class EngineModel:
         fault = self.faults.pop(key, None)
         if fault is None:
             return
-        if fault.kind == "freeze":
-            self._release("freeze", now)
+        if fault.kind in ("freeze", "wedge"):
+            self._release(fault.kind, now)
         elif fault.kind == "slow":
             self._rescale_step(now, 1.0, fault.factor)
         elif fault.kind == "blackhole":
@@ -310,6 +320,20 @@ class EngineModel:
         return decode_step_s(self.config, len(self._running), self._running_context)
 
     def _plan(self) -> _Step | None:
+        step = self._plan_step()
+        compile_fault = self.faults.get("compile")
+        if step is not None and compile_fault is not None and self._runs_client_work(step):
+            del self.faults["compile"]  # compiled once: every later step runs at its own speed
+            step.end_at += compile_fault.duration_s
+            step.is_compiling = True
+        return step
+
+    @staticmethod
+    def _runs_client_work(step: _Step) -> bool:
+        """A health probe's shape was compiled at start-up; a client's request brings the new shapes."""
+        return any(not r.internal for r in step.decoders) or any(not r.internal for r, _n in step.prefill)
+
+    def _plan_step(self) -> _Step | None:
         start = self._cursor
         decoders = self._decoders()
         mixing = self.mode == "mixed"

@@ -37,6 +37,8 @@ __all__ = (
 )
 
 DONE = b"data: [DONE]\n\n"
+# faults that close the engine's port: applied just after the answer that sets them has left
+PORT_DROPPING = ("crash", "restart")
 # a client that has gone away makes writes fail with one of these
 WRITE_ERRORS = (ConnectionError, RuntimeError)
 
@@ -320,19 +322,19 @@ async def apply_fault_body(engines: Sequence[SimEngine], body: dict[str, Any]) -
     if clear is not None:
         for engine in engines:
             engine.clear_faults(None if clear in (True, "all") else str(clear))
-    crash = [f for f in faults if f.kind == "crash"]
+    drops_port = [f for f in faults if f.kind in PORT_DROPPING]
     for engine in engines:
         for fault in faults:
-            if fault.kind != "crash":
+            if fault.kind not in PORT_DROPPING:
                 engine.set_fault(fault)
-    if crash:
+    if drops_port:
         # let this response leave before the port goes away (it may be the crashing engine's own port)
         loop = asyncio.get_running_loop()
         for engine in engines:
-            loop.call_later(0.02, engine.set_fault, crash[0])
+            loop.call_later(0.02, engine.set_fault, drops_port[0])
     listed = fault_list(engines)
-    if crash:
-        listed += [crash[0].to_json() | {"engine": e.index} for e in engines]
+    if drops_port:
+        listed += [drops_port[0].to_json() | {"engine": e.index} for e in engines]
     return listed
 
 

@@ -104,7 +104,19 @@ class SGLangRoutes:
         self.started_at = time.time()
         # SGLang's server_status: a /health that times out marks the server unhealthy (then /ping and /ready
         # answer 503) until a /health passes (http_server.py health_generate)
-        self.status_up = True
+        self._status_up = True
+        self._status_restarts = 0  # the engine's restarts when `_status_up` was set (a new process is up)
+
+    @property
+    def status_up(self) -> bool:
+        if self._status_restarts != self.engine.restarts:
+            return True  # a restarted process starts with its flag up
+        return self._status_up
+
+    @status_up.setter
+    def status_up(self, value: bool) -> None:
+        self._status_up = value
+        self._status_restarts = self.engine.restarts
 
     # ----------------------------------------------------------------------------- generation
 
@@ -118,6 +130,8 @@ class SGLangRoutes:
             stop_fraction=self.config.stop_fraction,
             wants_logprobs=params.logprobs,
             vocab_size=self.config.vocab_size,
+            # SGLang keeps a HEALTH_CHECK rid out of its statistics, as its own probe's (a gateway's canary)
+            internal=bool(rid) and str(rid).startswith("HEALTH_CHECK"),
         )
         req.listener = listener
         return req
@@ -314,7 +328,11 @@ class SGLangRoutes:
         """Submit a one-token request and poll every `health_poll_s` for any scheduler output, up to
         `health_timeout_s` (503). Requests blocked by a pause block the probe too, as in SGLang."""
         engine, model = self.engine, self.engine.model
-        start_events, start_at = model.stats.progress_events, engine.now()
+        if engine.is_starting:
+            return web.Response(status=503)  # SGLang's server_status Starting: loading after a restart
+        if "wedge" in model.faults:
+            return web.Response(status=200)  # wedged past what the check sees (vLLM#46811's shape)
+        start_events, start_at, restarts = model.stats.progress_events, engine.now(), engine.restarts
         probe = SimRequest(f"HEALTH_CHECK_{uuid.uuid4().hex}", [0], max_new_tokens=1, internal=True)
         probe.listener = asyncio.Event()
 
@@ -328,6 +346,8 @@ class SGLangRoutes:
             while True:
                 await asyncio.sleep(poll_s)  # SGLang sleeps a poll period before each look
                 engine.sync()
+                if engine.restarts != restarts:
+                    return web.Response(status=503)  # its process died under the check: no verdict on the new
                 if model.stats.progress_events > start_events or probe.completion_tokens:
                     self.status_up = True
                     return web.Response(status=200)
@@ -346,12 +366,13 @@ class SGLangRoutes:
         0.5.9 has none (`sglang_ready_route` False): 404."""
         if not self.config.sglang_ready_route:
             return web.Response(status=404)
-        return web.Response(status=503 if self.engine.paused or not self.status_up else 200)
+        is_up = self.status_up and not self.engine.is_starting
+        return web.Response(status=503 if self.engine.paused or not is_up else 200)
 
     async def ping(self, _request: web.Request) -> web.Response:
         """SGLang's /ping: the server's health flag, whatever the pause (so /ready 503 with /ping 200 is a
         pause)."""
-        return web.Response(status=200 if self.status_up else 503)
+        return web.Response(status=200 if self.status_up and not self.engine.is_starting else 503)
 
     def server_args(self) -> dict[str, Any]:
         config = self.config
@@ -453,6 +474,9 @@ class SGLangRoutes:
         )
 
     async def get_load(self, _request: web.Request) -> web.Response:
+        """A round trip to the scheduler: served between forward passes and while paused, so it waits while
+        the scheduler is stuck in one (a compile, a hung GPU: reference/real-sglang.md)."""
+        await self.engine.wait_scheduler()
         s = self._load_snapshot()
         return json_response(
             [

@@ -43,7 +43,9 @@ class VLLMRoutes:
             self.engine.submit(req)
 
     async def health(self, _request: web.Request) -> web.Response:
-        return web.Response(status=200)
+        """vLLM's: the engine process is alive (it generates nothing, so a wedged engine says 200);
+        503 while loading after a restart."""
+        return web.Response(status=503 if self.engine.is_starting else 200)
 
     async def version(self, _request: web.Request) -> web.Response:
         return json_response({"version": VERSION})
