@@ -169,11 +169,18 @@ class GatewaySettings(BaseSettings):
     hang_check_timeout: float = Field(
         default=_CORE.hang_check_s,
         ge=0,
-        description="seconds an engine silent for its stall window has to say it is paused before it is "
-        "judged hung (0 = judged at once)",
+        description="seconds before the end of an engine's stall window at which it is asked whether it is "
+        "paused (it has this long to say so before it is judged hung; 0 = not asked)",
     )
     health_failures: int = Field(
         default=3, ge=1, description="failed health checks in a row before an engine is unhealthy"
+    )
+    warmup_timeout: float = Field(
+        default=_CORE.warmup_timeout_s,
+        ge=0,
+        description="seconds an engine's first work since it joined or was unhealthy may show no progress "
+        "(a compile on its first request) before it is judged hung, when longer than stall_timeout "
+        "(0 = no warm-up)",
     )
 
     admin_token: str | None = Field(default=None, description="token required by admin and worker endpoints")
@@ -229,7 +236,7 @@ class GatewaySettings(BaseSettings):
     session_error_shape: Literal["openai", "miles"] = Field(
         default="openai",
         description="the session API's own errors as OpenAI error objects, or as miles' session server writes "
-        "them ({\"error\": \"<message>\"}, which miles' clients and tests read)",
+        'them ({"error": "<message>"}, which miles\' clients and tests read)',
     )
     session_max: int = Field(default=10_000, ge=1, description="sessions held at once")
     session_max_records: int = Field(default=1_000, ge=1, description="turn records per session")

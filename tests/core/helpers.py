@@ -33,11 +33,16 @@ def of(commands: Iterable[Command], kind: type[C]) -> list[C]:
 
 
 # The rules' reference world: sessions stay where they are, every prefill counts against the budget, no rest
-# after long prefills, a silent engine judged hung at once. The production defaults (GatewayCoreConfig()) add
-# prefill-aware placement and the pause check on top; their tests name them (test_placement_prefill_aware.py,
-# test_prefill_*, test_gateway_liveness.py's pause check).
+# after long prefills, a silent engine judged hung at once, its first work as any other (no warm-up). The
+# production defaults (GatewayCoreConfig()) add prefill-aware placement, the pause check and the warm-up on
+# top; their tests name them (test_placement_prefill_aware.py, test_prefill_*, test_gateway_liveness.py's
+# pause check, test_warmup.py).
 REFERENCE = GatewayCoreConfig(
-    placement="session_affinity", prefill_budget_exempt_tokens=0, prefill_rest_ratio=0.0, hang_check_s=0.0
+    placement="session_affinity",
+    prefill_budget_exempt_tokens=0,
+    prefill_rest_ratio=0.0,
+    hang_check_s=0.0,
+    warmup_timeout_s=0.0,
 )
 
 

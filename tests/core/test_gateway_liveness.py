@@ -204,15 +204,16 @@ def test_stats_say_when_a_busy_engine_counts_as_hung_and_what_its_requests_gener
 
 
 def test_a_silent_engine_is_asked_whether_it_is_paused_before_it_is_judged_hung() -> None:
-    """A trainer paused e1 itself and the health loop has not read it yet: at the end of its stall window the
-    core asks (CheckEngine), the edge reads the pause within hang_check_s, and nothing is quarantined."""
+    """A trainer paused e1 itself and the health loop has not read it yet: hang_check_s before the end of its
+    stall window the core asks (CheckEngine), the edge reads the pause within hang_check_s, and nothing is
+    quarantined."""
     h = Harness(reference(hang_check_s=2.0))
     h.engines(e1=2)
     h.arrive("a", stall_timeout_s=10.0)
     h.advance(5.0, {"a": 1.0})
-    h.advance(9.9)  # the pause began with the last token
+    h.advance(7.9)  # the pause began with the last token
     assert h.commands(CheckEngine) == []
-    h.advance(0.1)
+    h.advance(0.1)  # 2 s before the window ends
     assert h.commands(CheckEngine) == [CheckEngine(engine_id="e1")] and h.commands(MarkEngine) == []
     h.advance(1.9)
     h.send(EnginePaused(engine_id="e1"))
@@ -227,15 +228,18 @@ def test_a_silent_engine_is_asked_whether_it_is_paused_before_it_is_judged_hung(
 def test_an_engine_that_stays_silent_after_its_check_is_quarantined_once_per_silence() -> None:
     h = Harness(reference(hang_check_s=2.0))
     h.engines(e1=2, e2=2)
+    busy_at = h.now
     h.arrive("a", stall_timeout_s=10.0)
-    h.advance(10.0)
-    h.advance(1.9)
+    h.advance(7.9)
+    assert h.commands(CheckEngine) == []
+    h.advance(1.9)  # asked at 8.0
     assert h.commands(CheckEngine) == [CheckEngine(engine_id="e1")] and h.commands(MarkEngine) == []
-    out = h.advance(0.1)
-    assert [m.state for m in of(out, MarkEngine)] == ["quarantined"]
+    out = h.advance(0.2)  # judged when its window ends: the check cost the verdict no time
+    [mark] = of(out, MarkEngine)
+    assert mark.state == "quarantined" and next(t for t, c in h.log if c is mark) == pytest.approx(busy_at + 10.0)
     assert [(a.request_id, a.reason) for a in of(out, Abort)] == [("a", AbortReason.ENGINE_HUNG)]
     assert h.engine_of["a"] == "e2"
-    h.advance(10.0)  # a new silence on e2: its own check, then its own verdict
+    h.advance(9.0)  # a new silence on e2: its own check (at 18), then its own verdict (at 20)
     assert h.commands(CheckEngine) == [CheckEngine(engine_id="e1"), CheckEngine(engine_id="e2")]
 
 
@@ -243,12 +247,12 @@ def test_progress_during_the_check_clears_the_suspicion() -> None:
     h = Harness(reference(hang_check_s=2.0))
     h.engines(e1=2)
     h.arrive("a", stall_timeout_s=10.0)
-    h.advance(10.0)
+    h.advance(8.0)  # asked at 8.0
     h.advance(1.0)
     h.progress("a")  # slow, not hung
-    h.advance(9.9)
+    h.advance(7.9)
     assert h.commands(MarkEngine) == [] and h.commands(CheckEngine) == [CheckEngine(engine_id="e1")]
-    h.advance(0.1)  # the next silence is due: asked again
+    h.advance(0.1)  # the next silence is due for its check: asked again
     assert h.commands(CheckEngine) == [CheckEngine(engine_id="e1")] * 2 and h.commands(MarkEngine) == []
 
 
@@ -271,9 +275,9 @@ def test_a_stream_silent_with_its_engine_is_not_stuck_alone_when_the_pause_is_re
     h.advance(5.0, {"a": 0.05, "b": 0.05, "x": 0.05})
     h.advance(0.2, {"x": 0.05})
     h.send(ProgressReported(request_id="b", tokens=10, engine_level=True))  # the engine's counter, read late
-    h.advance(3.1, {"x": 0.05})  # paused: nothing from e1
+    h.advance(1.1, {"x": 0.05})  # paused: nothing from e1; asked at 6.2, 2 s before its window ends
     assert h.commands(CheckEngine) == [CheckEngine(engine_id="e1")]
-    h.advance(1.5, {"x": 0.05})
+    h.advance(1.5, {"x": 0.05})  # the edge's answer, within hang_check_s
     h.send(EnginePaused(engine_id="e1"))
     h.advance(10.0, {"x": 0.05})
     assert h.commands(Abort) == [] and h.commands(MarkEngine) == [] and h.commands(Fail) == []

@@ -229,3 +229,18 @@ async def test_load_sees_a_running_request(cluster: SimCluster, client: EngineCl
     await client.abort("loaded")
     # closing (and abort) freed the engine
     await wait_until(lambda: cluster.engines[0].running_count == 0, "the engine freed")
+
+
+async def test_generates_is_a_token_a_wedged_engine_cannot_give(
+    cluster: SimCluster, client: EngineClient
+) -> None:
+    """The check a quarantined engine passes to come back (server/pool.py): `/health` says 200 from a wedged
+    engine (vLLM#46811); a one-token generation does not come."""
+    assert await client.generates(MODEL)
+    cluster.engines[0].set_fault("wedge")
+    assert await client.health()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(10.0 / TIME_SCALE):  # a token takes ~0.02 simulated s; wedged, never
+            await client.generates(MODEL)
+    cluster.engines[0].clear_faults("wedge")
+    assert await client.generates(None)  # the family's default model

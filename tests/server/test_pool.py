@@ -191,3 +191,73 @@ def test_without_engines_that_state_it_the_gateways_tokenizer_gives_the_vocabula
     pool.engines[handle.engine_id] = handle
     pool.remove(handle.engine_id)  # an engine that does not say changes nothing
     assert pool.vocab_size == 3
+
+
+# -- busy is not dead, dead is not alive (docs/reliability.md) ------------------------------------------------
+
+
+def pool_with(
+    engine: FakeSGLang, *, in_flight: list[int], state: list[str]
+) -> tuple[list[tuple[float, Event]], asyncio.Task[None]]:
+    """The health loop of a pool whose core holds `in_flight[0]` calls on the engine, in state `state[0]`."""
+    events: list[tuple[float, Event]] = []
+    loop = asyncio.get_running_loop()
+    pool = EnginePool(
+        GatewaySettings(),
+        lambda e: events.append((loop.time(), e)),
+        lambda s: s,
+        lambda _engine: state[0],
+        lambda _engine: in_flight[0],
+    )
+    info = EngineInfo(family=EngineFamily.SGLANG, models=("sim-model",))
+    handle = EngineHandle(engine_id="engine-0", url=engine.url, client=engine, info=info, capacity=8)  # type: ignore[arg-type]
+    pool.engines[handle.engine_id] = handle
+    return events, loop.create_task(pool._health_loop(handle))
+
+
+@pytest.mark.looptime
+async def test_a_check_that_hangs_while_the_engine_holds_work_is_no_verdict() -> None:
+    """A compile on the first request: SGLang's `/health` waits behind it. The core judges an engine with work
+    by its progress (its warm-up, core/liveness.py); the check only counts once the engine has none."""
+    engine = FakeSGLang(hung_from=12.0)
+    in_flight = [1]
+    events, task = pool_with(engine, in_flight=in_flight, state=["healthy"])
+    await asyncio.sleep(300)
+    assert not [e for _, e in events if isinstance(e, EngineHealthChecked)], events
+    in_flight[0] = 0
+    await asyncio.sleep(3 * (5 + 15) + 1)
+    task.cancel()
+    failed = [e for _, e in events if isinstance(e, EngineHealthChecked) and not e.healthy]
+    assert len(failed) == 1, events  # three failed checks in a row once it holds nothing
+
+
+class WedgedEngine(FakeSGLang):
+    """`/health` says 200 throughout (vLLM#46811); it generates again from `generates_from` on."""
+
+    def __init__(self, generates_from: float) -> None:
+        super().__init__()
+        self.generates_from = generates_from
+        self.generations_asked: list[str | None] = []
+
+    async def health(self) -> bool:
+        return True
+
+    async def generates(self, model: str | None) -> bool:
+        self.generations_asked.append(model)
+        if self.now() < self.generates_from:
+            await asyncio.sleep(math.inf)  # wedged: the token never comes
+        return True
+
+
+@pytest.mark.looptime
+async def test_a_quarantined_engine_comes_back_only_by_generating() -> None:
+    engine = WedgedEngine(generates_from=100.0)
+    state = ["quarantined"]
+    events, task = pool_with(engine, in_flight=[0], state=state)
+    await asyncio.sleep(99)
+    assert not [e for _, e in events if isinstance(e, EngineHealthChecked) and e.healthy], events
+    await asyncio.sleep(21)  # a check within a health interval and its timeout of the engine generating again
+    task.cancel()
+    healthy = [t for t, e in events if isinstance(e, EngineHealthChecked) and e.healthy]
+    assert healthy and 100.0 <= healthy[0] <= 100.0 + 5 + 15, events
+    assert set(engine.generations_asked) == {"sim-model"}  # the engine's model, as it named it

@@ -68,9 +68,14 @@ class GatewayCoreConfig:
     # a stalled request on a silent engine is looked at again after this (charged) time; and an engine silent
     # this long is not progressing on others (a request stalled with it is the engine's to judge)
     stall_recheck_s: float = 1.0
-    # an engine silent for its stall window is first asked whether it is paused (CheckEngine: a trainer's
-    # pause the health loop has not read yet) and judged hung this much later unless it says so (0: at once)
+    # an engine silent for its stall window is asked whether it is paused (CheckEngine: a trainer's pause the
+    # health loop has not read yet) this long before the window ends, and judged hung at its end unless it
+    # says so (liveness.py "The pause check"; 0: not asked)
     hang_check_s: float = 2.0
+    # an engine's first work after it joined or failed a health check may show no progress this long before it
+    # is judged hung, if that is longer than its stall window: a compile on the first request (rllm#926: 108 s)
+    # looks exactly like a hang from outside (liveness.py "Warm-up"); 0: no warm-up, the stall window applies
+    warmup_timeout_s: float = 300.0
     # a request that arrives at an empty queue is placed at once, without passing through the queue: the
     # decision the queue would make for it alone (False: through the queue; the reference the tests compare)
     direct_arrivals: bool = True
@@ -88,6 +93,7 @@ class GatewayCoreConfig:
             "max_prefill_allowance_s",
             "engine_stall_timeout_s",
             "hang_check_s",
+            "warmup_timeout_s",
         ):
             value = getattr(self, name)
             if math.isnan(value) or value < 0:

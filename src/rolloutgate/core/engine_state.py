@@ -3,7 +3,9 @@
 Theory of operation: an engine that joins healthy takes work. A failed health check or a connection the adapter
 judged "unreachable" makes it UNHEALTHY; the liveness rule (liveness.py) makes a hung engine QUARANTINED. Only a
 passing health check (`EngineHealthChecked(healthy=True)`) brings either back to HEALTHY. A quarantined engine
-stays quarantined through failing checks: it was caught hung and must prove itself healthy again.
+stays quarantined through failing checks: it was caught hung and must prove itself healthy again, and the edge
+makes its check a one-token generation (server/pool.py), since a `/health` 200 does not prove that an engine
+generates (vLLM#46811).
 
 Being paused (a weight update on that engine) is orthogonal to health and is a flag on the engine record.
 Every change is announced to the edges as `MarkEngine(state=<value>)`.

@@ -23,8 +23,10 @@ Verdicts (ENGINE clock mode; DESIGN.md is authoritative):
 - queue > queue_timeout_s             -> Fail(QUEUE_TIMEOUT, retry_after)
 - wall > max_wall_s                   -> Abort(MAX_WALL) if dispatched + Fail(MAX_WALL)
 - engine says it paused itself (EnginePaused unannounced) -> its silence since its last progress is paused
-- engine silent for its stall window  -> CheckEngine (is it paused?), then, still silent hang_check_s later,
-  MarkEngine(quarantined), Abort(ENGINE_HUNG) + re-queue at the front
+- engine silent for its stall window (at least warmup_timeout_s before its first progress since it joined
+  or was last marked unhealthy: a compile is not a hang, liveness.py "Warm-up")
+                                      -> CheckEngine (is it paused?) hang_check_s before the window ends,
+  then, still silent at its end, MarkEngine(quarantined), Abort(ENGINE_HUNG) + re-queue at the front
   (requests pinned to that engine fail with NO_ENGINE, as when their engine leaves; while their engine is
   merely unhealthy or paused they wait)
 - request stuck alone (no progress for its stall_timeout of charged time while its engine progressed on
@@ -678,16 +680,13 @@ class Gateway(GatewayLedger):
 
     def _fire_liveness(self, engine_id: str, now: float, out: list[Command]) -> None:
         engine = self._engines[engine_id]
-        due_at = engine.liveness.due_at(
-            floor_tokens_per_s=self._config.prefill_floor_tokens_per_s,
-            max_allowance_s=self._config.max_prefill_allowance_s,
-        )
+        due_at = self._silence_due_at(engine)
         check_s = self._config.hang_check_s
-        if due_at <= now and check_s > 0 and engine.liveness.ask_check(now):
+        if check_s > 0 and due_at - check_s <= now and engine.liveness.ask_check(now):
             out.append(CheckEngine(engine_id=engine_id))  # someone else may have paused it: ask first
-        due_at = engine.liveness.judged_at(due_at, check_s)
-        if due_at > now:
-            self._timers.set((TimerKind.LIVE, engine_id), due_at)
+        step_at = engine.liveness.next_step_at(due_at, check_s)
+        if step_at > now:
+            self._timers.set((TimerKind.LIVE, engine_id), step_at)
             return
         silent_s = now - engine.liveness.silent_since_at()
         self._counts["quarantined"] += 1

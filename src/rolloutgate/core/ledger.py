@@ -244,18 +244,34 @@ class GatewayLedger:
             meter.real_at(ChargeClass.SOLO, solo_timers.next_at(), now),
         )
         self._timers.set((TimerKind.CHARGE, engine.engine_id), charge_at)
-        self._timers.set((TimerKind.LIVE, engine.engine_id), self._hung_at(engine))
+        self._timers.set((TimerKind.LIVE, engine.engine_id), self._liveness_step_at(engine))
+
+    def _is_watched(self, engine: EngineRecord) -> bool:
+        """Whether its liveness is judged: it has work, and neither it nor the gate is paused (in place)."""
+        return bool(engine.requests) and not engine.is_paused and not self._gate.is_liveness_suspended
 
     def _hung_at(self, engine: EngineRecord) -> float:
-        """When the engine counts as hung if no progress comes (math.inf while it is not watched: no work,
-        paused, or the gate suspends liveness)."""
-        if not engine.requests or engine.is_paused or self._gate.is_liveness_suspended:
+        """When the engine counts as hung if no progress comes (math.inf while it is not watched)."""
+        if not self._is_watched(engine):
             return math.inf
-        due_at = engine.liveness.due_at(
-            floor_tokens_per_s=self._config.prefill_floor_tokens_per_s,
-            max_allowance_s=self._config.max_prefill_allowance_s,
+        return engine.liveness.judged_at(self._silence_due_at(engine), self._config.hang_check_s)
+
+    def _liveness_step_at(self, engine: EngineRecord) -> float:
+        """When its liveness next acts if no progress comes: its pause check, then its verdict (liveness.py);
+        math.inf while it is not watched."""
+        if not self._is_watched(engine):
+            return math.inf
+        return engine.liveness.next_step_at(self._silence_due_at(engine), self._config.hang_check_s)
+
+    def _silence_due_at(self, engine: EngineRecord) -> float:
+        """When the engine's silence is due for its pause check (liveness.py `due_at`, with the pool's
+        prefill and warm-up allowances)."""
+        config = self._config
+        return engine.liveness.due_at(
+            floor_tokens_per_s=config.prefill_floor_tokens_per_s,
+            max_allowance_s=config.max_prefill_allowance_s,
+            warmup_s=config.warmup_timeout_s,
         )
-        return engine.liveness.judged_at(due_at, self._config.hang_check_s)
 
     def _drop_queue_timer(self, request_id: str) -> None:
         queue_timers = self._queue_timers
@@ -390,6 +406,8 @@ class GatewayLedger:
         engine.state = transition(engine.state, state)
         if state is EngineState.HEALTHY:
             engine.liveness.note_resumed(now)
+        elif state is EngineState.UNHEALTHY:  # it may be restarting: its next first work may compile again
+            engine.liveness.note_cold(now)
         out.append(MarkEngine(engine_id=engine.engine_id, state=state.value, detail=detail))
         self._refresh_engines(now)
 

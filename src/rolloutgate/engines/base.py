@@ -203,6 +203,13 @@ class EngineClient(Protocol):
         """True if the engine answers its health endpoint with success."""
         ...
 
+    async def generates(self, model: str | None) -> bool:
+        """True if the engine answers a one-token generation (of `model`, when the family names one): the
+        proof an engine caught hung gives before it takes work again, where `health` may say 200 from an
+        engine that generates nothing (vLLM's `/health`, vLLM#46811). False for anything else; never
+        raises."""
+        ...
+
     async def readiness(self) -> Readiness | None:
         """Whether the engine says its generation is paused, from cheap flag endpoints that never block on
         a pause (None: this engine cannot say, or did not answer)."""

@@ -389,6 +389,19 @@ async def is_ok(session: aiohttp.ClientSession, url: str, *, limits: aiohttp.Cli
         return False
 
 
+async def generates_one(
+    session: aiohttp.ClientSession, url: str, body: Any, *, limits: aiohttp.ClientTimeout
+) -> bool:
+    """True if POST `body` to `url` (a one-token generation) answers 2xx with its whole body; False for any
+    other answer or failure (never raises, except cancel)."""
+    try:
+        async with session.post(url, data=orjson.dumps(body), headers=JSON_HEADERS, timeout=limits) as resp:
+            await resp.read()
+            return 200 <= resp.status < 300
+    except (aiohttp.ClientError, OSError):  # TimeoutError is an OSError
+        return False
+
+
 async def status_of(session: aiohttp.ClientSession, url: str, *, limits: aiohttp.ClientTimeout) -> int | None:
     """The HTTP status GET `url` answers; None if it answered nothing (never raises, except cancel)."""
     try:

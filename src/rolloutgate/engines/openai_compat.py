@@ -27,7 +27,7 @@ from rolloutgate.engines.base import (
     UpstreamError,
 )
 from rolloutgate.engines.generation import EndSink, EventSink, OpenAIDecoder, UpstreamHandle, refuse
-from rolloutgate.engines.http import ControlTimeouts, fetch_models, is_ok, post_json
+from rolloutgate.engines.http import ControlTimeouts, fetch_models, generates_one, is_ok, post_json
 from rolloutgate.engines.openai_stream import client_wants_usage, generate_unsupported, upstream_body
 from rolloutgate.engines.push_call import start_generation
 from rolloutgate.engines.upstream import UpstreamPool
@@ -86,6 +86,14 @@ class OpenAICompatClient:
         if await is_ok(self._session, self.url + "/health", limits=limits):
             return True
         return await is_ok(self._session, self.url + "/v1/models", limits=limits)
+
+    async def generates(self, model: str | None) -> bool:
+        """A completion of one token (text: not every OpenAI-compatible server takes token ids)."""
+        body: dict[str, Any] = {"prompt": "ping", "max_tokens": 1, "temperature": 0.0}
+        if model is not None:
+            body["model"] = model
+        limits = self._timeouts.control(self._timeouts.health_s)
+        return await generates_one(self._session, self.url + "/v1/completions", body, limits=limits)
 
     async def readiness(self) -> Readiness | None:
         return None  # an OpenAI-compatible server has no pause

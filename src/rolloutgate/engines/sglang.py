@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import re
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,6 +54,7 @@ from rolloutgate.engines.http import (
     ControlTimeouts,
     ServedModels,
     fetch_models,
+    generates_one,
     get_json,
     get_text,
     has_route,
@@ -70,6 +72,8 @@ from rolloutgate.engines.upstream import UpstreamPool
 __all__ = ("SglangClient", "aborted_in_queue", "decode_tokens")
 
 log = logging.getLogger(__name__)
+# SGLang's own health probe's rid prefix: requests whose rid starts with it are kept out of its statistics
+HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK_"
 
 # chat options SGLang refuses to stream (serving_chat.py L1310-1325)
 _CHAT_NON_STREAMABLE = ("return_meta_info", "return_token_ids", "return_prompt_token_ids")
@@ -254,6 +258,18 @@ class SglangClient:
         return await is_ok(
             self._session, self.url + "/health", limits=self._timeouts.control(self._timeouts.health_s)
         )
+
+    async def generates(self, model: str | None) -> bool:
+        """`/generate` of one token from token id 0 (every vocabulary has it). Its rid starts with
+        `HEALTH_CHECK`, as SGLang's own health probe's does: SGLang keeps such requests out of its statistics
+        (`is_health_check_generate_req`), so the engine's counters stay the clients' alone."""
+        body = {
+            "input_ids": [0],
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            "rid": f"{HEALTH_CHECK_RID_PREFIX}rolloutgate_{uuid.uuid4().hex}",
+        }
+        limits = self._timeouts.control(self._timeouts.health_s)
+        return await generates_one(self._session, self.url + "/generate", body, limits=limits)
 
     async def readiness(self) -> Readiness | None:
         """SGLang 0.5: `/ready` answers 503 while generation is paused or the server is marked unhealthy;

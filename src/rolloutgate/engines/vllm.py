@@ -40,6 +40,7 @@ from rolloutgate.engines.generation import EndSink, EventSink, OpenAIDecoder, Up
 from rolloutgate.engines.http import (
     ControlTimeouts,
     fetch_models,
+    generates_one,
     get_json,
     get_text,
     is_ok,
@@ -138,9 +139,18 @@ class VllmClient:
         )
 
     async def health(self) -> bool:
+        """`/health`: the engine process answers; it generates nothing (a wedged engine says 200)."""
         return await is_ok(
             self._session, self.url + "/health", limits=self._timeouts.control(self._timeouts.health_s)
         )
+
+    async def generates(self, model: str | None) -> bool:
+        """A completion of one token from token id 0 (every vocabulary has it)."""
+        body: dict[str, Any] = {"prompt": [0], "max_tokens": 1, "temperature": 0.0}
+        if model is not None:
+            body["model"] = model
+        limits = self._timeouts.control(self._timeouts.health_s)
+        return await generates_one(self._session, self.url + "/v1/completions", body, limits=limits)
 
     async def readiness(self) -> Readiness | None:
         """vLLM's `GET /is_paused` (`{"is_paused": bool}`, with VLLM_SERVER_DEV_MODE=1 only; its `/health`

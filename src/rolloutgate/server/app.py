@@ -103,6 +103,7 @@ def core_config(settings: GatewaySettings) -> GatewayCoreConfig:
         prefill_budget_exempt_tokens=settings.contention_min_prefill_tokens,
         prefill_rest_ratio=settings.prefill_rest_ratio,
         hang_check_s=settings.hang_check_timeout,
+        warmup_timeout_s=settings.warmup_timeout,
         max_staleness=settings.max_staleness,
         on_stale=settings.on_stale,
     )
@@ -143,7 +144,9 @@ def build_app(settings: GatewaySettings) -> web.Application:
     )
     driver.on_end.append(_log_request)
     driver.on_end.append(partial(observe_cache_hits, metrics))
-    pool = EnginePool(settings, driver.handle, clock.real_seconds, driver.core.engine_state)
+    pool = EnginePool(
+        settings, driver.handle, clock.real_seconds, driver.core.engine_state, driver.core.in_flight_on
+    )
     driver.pool = pool
     attachments = Attachments(ttl_s=settings.result_ttl, max_entries=settings.result_cache_entries)
     driver.on_end.append(lambda exchange, item: attachments.ended(exchange, item, clock.now()))

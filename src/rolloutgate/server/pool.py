@@ -22,6 +22,19 @@ waits behind the pause) while its scheduler answers a control request at once (`
 `EnginePaused` like a flagged one and is never a failed check; it lasts while the checks keep hanging and
 the scheduler keeps answering: the next check passes once generation continues (`EngineResumed` then).
 
+Busy is not dead. A health check that gets no answer within `health_timeout` says nothing of an engine the
+core holds work on: SGLang's `/health` generates a token, which waits behind whatever keeps the engine's
+forward pass from returning (a compile on its first request takes minutes, rllm#926), and the core judges such
+an engine by its progress (core/liveness.py, with its warm-up for a first request). So a check that hung is
+not counted as a failure while the engine has calls in flight (`engine_in_flight`); an engine that answers
+an error, refuses the connection, or hangs with nothing to do is counted as before.
+
+Dead is not alive either. An engine the core caught hung (quarantined: work on it made no progress for its
+stall window) comes back only by generating: its health check is then a one-token generation
+(`EngineClient.generates`), not `/health`, which a wedged vLLM answers 200 for hours while it generates
+nothing (vLLM#46811); otherwise each passing check would put it back in service and every call placed there
+would wait a stall window again.
+
 Every pause learned here is `unannounced`: the core counts it from the engine's last progress, not from
 when it was seen (core/request_clock.py `backdate_pause`), so the health loop's delay charges nobody.
 
@@ -79,6 +92,7 @@ __all__ = ("PENDING", "EngineHandle", "EnginePool", "PendingEngine")
 log = logging.getLogger("rolloutgate.pool")
 
 HEALTHY = EngineState.HEALTHY.value
+QUARANTINED = EngineState.QUARANTINED.value
 PENDING = "pending"  # registered, not joined yet: its probe has not succeeded (module docstring)
 PAUSED_POLL_S = 1.0  # gateway seconds between readiness reads of an engine paused by someone else
 PROBE_SHARE = 0.6  # of hang_check_timeout: the health probe of a pause check on an engine without a flag
@@ -156,6 +170,8 @@ class EnginePool:
     emit: Callable[[Event], None]  # the driver's event intake
     real_seconds: Callable[[float], float]  # gateway seconds -> real seconds (time scale)
     engine_state: Callable[[str], str | None]  # the core's state of an engine: the one source of it
+    # the calls the core has in flight on an engine (a check that hangs then is no verdict: docstring)
+    engine_in_flight: Callable[[str], int] = field(default=lambda _engine_id: 0)
     session: aiohttp.ClientSession = field(init=False)  # set when the app starts
     engines: dict[str, EngineHandle] = field(default_factory=dict)
     pending: dict[str, PendingEngine] = field(default_factory=dict)  # by URL
@@ -406,7 +422,7 @@ class EnginePool:
                 if handle.is_in_maintenance() or (outcome is None and await client.scheduler_answers()):
                     continue  # still paused (or the admin API's now)
                 await self._resumed_by_engine(handle)
-                self._record_health(handle, outcome is True)
+                self._record_check(handle, outcome)
                 continue
             if handle.paused_by_engine and readiness is Readiness.NOT_READY:
                 if await self._check_health(handle):  # clears SGLang's mark once generation continues
@@ -425,13 +441,17 @@ class EnginePool:
                 ):
                     self._paused_by_engine(handle)
                     continue
-            self._record_health(handle, ok is True)
+            self._record_check(handle, ok)
 
     async def _check_health(self, handle: EngineHandle, limit_s: float | None = None) -> bool | None:
         """True: the check passed; False: it failed; None: no answer within `limit_s` gateway seconds
-        (`health_timeout` by default): it hangs."""
+        (`health_timeout` by default): it hangs. An engine the core holds quarantined (caught hung) must
+        generate a token to pass (module docstring)."""
         try:
             async with asyncio.timeout(self.real_seconds(limit_s or self.settings.health_timeout)):
+                if self.engine_state(handle.engine_id) == QUARANTINED:
+                    model = handle.info.models[0] if handle.info.models else None
+                    return await handle.client.generates(model)
                 return await handle.client.health()
         except TimeoutError:
             return None
@@ -475,6 +495,16 @@ class EnginePool:
             handle.info = info
             self._learn_vocab()
             self.emit(EngineCacheFlushed(engine_id=handle.engine_id))
+
+    def _record_check(self, handle: EngineHandle, outcome: bool | None) -> None:
+        """A health check's outcome (`_check_health`); one that hung while the core holds work on the engine
+        is no verdict: its liveness judges it by its progress (module docstring, "Busy is not dead")."""
+        if outcome is None and self.engine_in_flight(handle.engine_id) > 0:
+            log.debug(
+                "%s: health check unanswered while it holds work; its progress judges it", handle.engine_id
+            )
+            return
+        self._record_health(handle, outcome is True)
 
     def _record_health(self, handle: EngineHandle, ok: bool) -> None:
         if ok:
