@@ -1,5 +1,6 @@
 # Reliability suite (docs/reliability.md): security, engine faults, slow clients, graceful shutdown, durable
-# sessions, 10,000 queued + 1,000 in flight under load, and property-based fuzzing of every endpoint.
+# sessions, 10,000 queued + 1,000 in flight under load, property-based fuzzing of every endpoint, and busy
+# engines that must not be taken for dead (-k busy_not_dead prints that table).
 # A few minutes; CI runs it after `make test`.
 #   make test-reliability                                  the suite, as CI runs it
 #   make test-reliability RELIABILITY_ARGS='-k fuzz'       a part of it

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from tests.reliability.busy import BusyRow, render_table
 from tests.server.conftest import http, make_cluster, make_gateway  # noqa: F401  (fixtures reused here)
 
 FIGURES: dict[str, Any] = {}
@@ -37,6 +38,11 @@ def figures() -> dict[str, Any]:
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not FIGURES:
         return
+    busy_rows = FIGURES.get("busy_not_dead")
+    if busy_rows:  # the table of docs/reliability.md, "Busy is not dead"
+        terminalreporter.section("busy is not dead")
+        for line in render_table(busy_rows):
+            terminalreporter.write_line(line)
     terminalreporter.section("reliability figures")
     for name, value in sorted(FIGURES.items()):
         terminalreporter.write_line(f"{name}: {json.dumps(value, sort_keys=True)}")
@@ -52,6 +58,11 @@ def add_figure(name: str, value: Any) -> None:
 
 def bump_figure(name: str, by: int = 1) -> None:
     FIGURES[name] = int(FIGURES.get(name, 0)) + by
+
+
+def add_busy_row(row: BusyRow) -> None:
+    """A measured row of the busy-is-not-dead table (tests/reliability/busy.py), in the order measured."""
+    FIGURES.setdefault("busy_not_dead", {})[row.row] = row.to_json()
 
 
 # --- processes -----------------------------------------------------------------------------------------------
