@@ -78,5 +78,39 @@ def test_the_package_never_imports_the_benchmarks(path: Path) -> None:
 
 def test_the_benchmark_checker_catches_a_lazy_import_and_a_named_module(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
-    bad.write_text('def f():\n    from benchmarks.kit import stats\n\nTABLE = {"bench": "benchmarks.perf.cli"}\n')
+    bad.write_text(
+        'def f():\n    from benchmarks.kit import stats\n\nTABLE = {"bench": "benchmarks.perf.cli"}\n'
+    )
     assert named_modules(bad) == ["benchmarks.kit", "benchmarks.perf.cli"]
+
+
+# The parts below the edge, and what each may not import: the parts above it (server/ is the HTTP edge that
+# composes them; fleet/, cli and top/ sit above that). sessions/ is pure: the edge gives it HTTP.
+ABOVE = ("rolloutgate.server", "rolloutgate.fleet", "rolloutgate.cli", "rolloutgate.top")
+LAYER_RULES: dict[str, tuple[str, ...]] = {
+    "engines": (*ABOVE, "rolloutgate.sessions", "rolloutgate.sim", "aiohttp.web"),
+    "sessions": (*ABOVE, "rolloutgate.engines", "rolloutgate.sim", "aiohttp"),
+    "sim": (*ABOVE, "rolloutgate.engines", "rolloutgate.sessions", "rolloutgate.core"),
+}
+LAYERED_FILES = [(part, path) for part in LAYER_RULES for path in sorted((PACKAGE / part).rglob("*.py"))]
+
+
+def _is_within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+@pytest.mark.parametrize(
+    ("part", "path"), LAYERED_FILES, ids=lambda v: str(v.relative_to(PACKAGE)) if isinstance(v, Path) else v
+)
+def test_each_part_imports_nothing_above_it(part: str, path: Path) -> None:
+    for module in imported_modules(path):
+        for forbidden in LAYER_RULES[part]:
+            assert not _is_within(module, forbidden), (
+                f"{path.relative_to(PACKAGE)} ({part}/) imports {module}"
+            )
+
+
+def test_the_layer_rules_cover_real_parts() -> None:
+    assert all((PACKAGE / part).is_dir() for part in LAYER_RULES)
+    assert not _is_within("rolloutgate.serverless", "rolloutgate.server")
+    assert _is_within("aiohttp.web", "aiohttp") and _is_within("rolloutgate.server.app", "rolloutgate.server")

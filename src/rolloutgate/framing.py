@@ -7,7 +7,7 @@ value, so the body is not valid JSON (the OpenAI SDK raises a JSONDecodeError, L
 InternalServerError, an httpx user's `.json()` raises), the error object still first in it. A bare
 `{"error": ...}` is returned by the SDK as a completion with no choices; cutting the connection makes the
 SDK and LiteLLM retry, which starts new generations. Used by the front (server/respond.py) and the session
-API (sessions/http.py) alike.
+API (server/session_routes.py, through the same writer) alike.
 """
 
 from __future__ import annotations

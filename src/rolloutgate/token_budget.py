@@ -62,7 +62,7 @@ def parse_max_seq_len(value: Any, *, param: str) -> int | None:
 
 def header_budget(headers: Mapping[str, str]) -> int | None:
     """The `X-Rolloutgate-Max-Seq-Len` of `headers` (a positive integer), or None. Raises BadRequest.
-    `headers` compare names without case, as aiohttp's and the session API's do (sessions/http.py)."""
+    `headers` compare names without case, as aiohttp's and the session service's do (sessions/service.py)."""
     raw = headers.get(HEADER)
     if raw is None:
         return None

@@ -217,9 +217,10 @@ def test_framing_and_reuse(reads: list[bytes], status: int, body: bytes, reusabl
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n", "Content-Length"),
         (b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok", "CR"),
         (b"HTTP/1.1 200 OK\r\nX-Long: " + b"x" * 70_000, "too long"),
+        (b"HTTP/1.1 200 \x00K\r\nContent-Length: 2\r\n\r\nok", "reason phrase"),
     ],
     ids=["not-http", "content-coding", "transfer-coding", "status", "upgrade", "two-lengths",
-         "length-and-chunked", "bare-lf", "long-head"],
+         "length-and-chunked", "bare-lf", "long-head", "control-byte-in-reason"],
 )  # fmt: skip
 def test_an_unreadable_answer_is_refused(answer: bytes, message: str) -> None:
     outcome = run([answer[i : i + 4096] for i in range(0, len(answer), 4096)], push=False)
@@ -268,8 +269,10 @@ def test_a_pulled_body_pauses_reading_above_the_high_water_mark() -> None:
 # -- the property tests ------------------------------------------------------------------------------------
 
 _HEX = re.compile(rb"[0-9A-Fa-f]+")
-_STATUS_LINE = re.compile(rb"HTTP/1\.[01] ([0-9]{3})(?: [\t -~]*)?")
-_FIELD = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([\t -~]*?)[ \t]*")
+_STATUS_LINE = re.compile(
+    rb"HTTP/1\.[01] ([0-9]{3})(?: [\t -~\x80-\xff]*)?"
+)  # reason: HTAB SP VCHAR obs-text
+_FIELD = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([\t -~\x80-\xff]*?)[ \t]*")  # obs-text too
 
 
 def reference(answer: bytes) -> tuple[int, bytes] | None:

@@ -384,31 +384,6 @@ async def test_a_session_deleted_mid_turn_still_answers(clock: ManualClock, rend
     assert outcome.status == 200 and not outcome.recorded
 
 
-async def test_proxy_passes_the_session_as_routing_key(clock: ManualClock) -> None:
-    calls: list[SessionCall] = []
-
-    async def echo(call: SessionCall) -> SessionAnswer:
-        calls.append(call)
-        return SessionAnswer(status=200, body=b'{"ok": true}')
-
-    service = service_for(echo, clock, renderer=None)
-    sid = service.create()
-    answer = await service.proxy(
-        sid, "POST", "/v1/completions", query="a=1", body=b'{"prompt": "x"}', headers={}
-    )
-    assert answer.status == 200
-    assert (calls[0].routing_key, calls[0].path, calls[0].query, calls[0].body) == (
-        sid,
-        "/v1/completions",
-        "a=1",
-        {"prompt": "x"},
-    )
-    await service.proxy(sid, "GET", "/v1/models", query="", body=b"", headers={})
-    assert calls[1].body is None and calls[1].raw_body is None
-    with pytest.raises(SessionNotFound):
-        await service.proxy("nope", "GET", "/v1/models", query="", body=b"", headers={})
-
-
 @dataclass
 class ChatEngine:
     """SGLang's chat endpoint taking `input_ids`: its own parser has read a tool call out of the reply."""

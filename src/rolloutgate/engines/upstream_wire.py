@@ -67,6 +67,10 @@ _IDLE, _HEAD, _BODY, _DONE = range(4)
 BodySink = Callable[[bytes], bool]  # a body piece -> keep going (False: stop)
 
 
+# what a reason phrase may hold (RFC 9112 section 4: HTAB, SP, VCHAR, obs-text)
+_REASON_BYTES = bytes([0x09, *range(0x20, 0x7F), *range(0x80, 0x100)])
+
+
 class UpstreamConnectError(OSError):
     """No connection could be made (refused, unreachable, DNS)."""
 
@@ -211,6 +215,11 @@ class UpstreamConnection(asyncio.Protocol):
             raise _unreadable("bytes after the answer")
         self._framed = False
         self.content_type = ""
+
+    def on_status(self, reason: bytes) -> None:
+        # llhttp lets control bytes through in the reason phrase; RFC 9112 allows HTAB, SP, VCHAR, obs-text
+        if reason.translate(None, _REASON_BYTES):
+            raise _unreadable("a control byte in the status line's reason phrase")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         kind = _WATCHED.get(name.lower())

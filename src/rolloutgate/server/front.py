@@ -43,6 +43,7 @@ __all__ = (
     "add_proxy_route",
     "add_routes",
     "apply_budget",
+    "new_request_id",
     "proxy_path",
     "run_exchange",
     "serve_inference",
@@ -203,16 +204,17 @@ def submit(
     routing_key: str | None,
     pinned_engine: str | None = None,
     prompt_tokens: int | None = None,
+    request_id: str | None = None,
 ) -> tuple[Exchange, Outbox]:
     """The one way a call enters the gateway's queue (the front's and the session API's): a new exchange
-    under a new request id, its arrival told to the core, and the first subscriber's outbox. Raises
-    BadRequest for a malformed group (`group_of`)."""
+    under a new request id (or the caller's, minted by `new_request_id`: a session turn's), its arrival told
+    to the core, and the first subscriber's outbox. Raises BadRequest for a malformed group (`group_of`)."""
     limits, priority = limits_for(ctx, headers)
     group = group_of(route, body, headers)
     streams = bool(body.get("stream"))
     stream_options = body.get("stream_options")
     exchange = Exchange(
-        request_id=_new_request_id(),
+        request_id=request_id or new_request_id(),
         route=route,
         body=body,
         client_streams=streams,
@@ -321,7 +323,7 @@ def apply_budget(
 
 def _zero_token_answer(body: dict[str, Any], decision: token_budget.BudgetCap) -> web.Response:
     """SGLang's answer to a `/generate` its budget leaves no room: zero tokens, finish reason `length`."""
-    answer = orjson.dumps(token_budget.zero_token_answer(body, decision, _new_request_id()))
+    answer = orjson.dumps(token_budget.zero_token_answer(body, decision, new_request_id()))
     if body.get("stream"):
         return web.Response(
             body=b"data: " + answer + b"\n\n" + SSE_DONE, content_type="text/event-stream", charset="utf-8"
@@ -513,7 +515,7 @@ class _RequestIds:
         return f"{self._prefix}{next(self._counter) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
 
 
-_new_request_id = _RequestIds()
+new_request_id = _RequestIds()
 
 
 def _dumps(value: Any) -> str:

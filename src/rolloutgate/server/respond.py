@@ -16,6 +16,7 @@ request with `X-Rolloutgate-Keepalive: off|on`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -24,10 +25,10 @@ from aiohttp import web
 
 from rolloutgate.errors import GatewayError
 from rolloutgate.framing import JSON_KEEPALIVE, SSE_DONE, SSE_KEEPALIVE, error_after_keepalive
-from rolloutgate.server.exchange import Exchange, Finished, Outbox, OutboxItem
+from rolloutgate.server.exchange import Finished, Outbox, OutboxItem
 from rolloutgate.server.metrics import Metrics
 
-__all__ = ("NO_TIMING", "KeepAlive", "TimingSource", "keepalive_for", "write_outcome")
+__all__ = ("NO_TIMING", "Answering", "KeepAlive", "TimingSource", "keepalive_for", "write_outcome")
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -63,6 +64,16 @@ def keepalive_for(
     return KeepAlive(interval)
 
 
+class Answering(Protocol):
+    """What the writer reads and marks of the call it answers: an `Exchange`, or a session turn's reply
+    (server/session_routes.py)."""
+
+    request_id: str
+    client_streams: bool
+    engine_url: str | None
+    committed: bool
+
+
 class TimingSource(Protocol):
     def timing_header(self, request_id: str) -> str:
         """The request's live `X-Rolloutgate-Timing` value ("" once it is unknown)."""
@@ -79,16 +90,19 @@ NO_TIMING: TimingSource = _NoTiming()
 
 async def write_outcome(
     request: web.Request,
-    exchange: Exchange,
+    exchange: Answering,
     outbox: Outbox,
     keepalive: KeepAlive,
     metrics: Metrics,
     timing: TimingSource,
+    answer_headers: Mapping[str, str] | None = None,
 ) -> web.StreamResponse:
     """Wait for the exchange's items and write them. Raises CancelledError if the client goes away.
 
     `timing` gives the timing header when headers go out before the answer (the driver; `NO_TIMING` for a
-    replay): a shared object, not a closure per request, since every stream in flight holds this frame."""
+    replay): a shared object, not a closure per request, since every stream in flight holds this frame.
+    `answer_headers`: more headers for the client, read when the headers go out (a session turn fills it
+    before it hands over its answer)."""
     streams = exchange.client_streams
     response: web.StreamResponse | None = None
     wait = keepalive.interval_s
@@ -102,7 +116,7 @@ async def write_outcome(
             except TimeoutError:
                 if response is None:
                     response = await _start(
-                        request, streams, timing.timing_header(exchange.request_id), exchange
+                        request, streams, timing.timing_header(exchange.request_id), exchange, answer_headers
                     )
                 keep = SSE_KEEPALIVE if streams else JSON_KEEPALIVE
                 await response.write(keep)
@@ -111,7 +125,9 @@ async def write_outcome(
 
         if isinstance(item, bytes):
             if response is None:
-                response = await _start(request, streams, timing.timing_header(exchange.request_id), exchange)
+                response = await _start(
+                    request, streams, timing.timing_header(exchange.request_id), exchange, answer_headers
+                )
             # Events already waiting go out in the same write: one chunk and one send instead of one each.
             frames = [b"data: ", item, b"\n\n"]
             while len(frames) < 3 * _MAX_EVENTS_PER_WRITE and not outbox.empty():
@@ -121,10 +137,12 @@ async def write_outcome(
                     break
                 frames += (b"data: ", following, b"\n\n")
             if isinstance(pending, Finished):  # the stream's end came with them: one write for both
-                return await _write_finished(request, exchange, response, pending, b"".join(frames))
+                return await _write_finished(
+                    request, exchange, response, pending, answer_headers, b"".join(frames)
+                )
             await response.write(b"".join(frames))
         elif isinstance(item, Finished):
-            return await _write_finished(request, exchange, response, item)
+            return await _write_finished(request, exchange, response, item, answer_headers)
         else:
             return await _write_error(request, response, item, streams)
 
@@ -138,9 +156,15 @@ class _LateHeadersResponse(web.StreamResponse):
 
 
 async def _start(
-    request: web.Request, streams: bool, timing_header: str, exchange: Exchange
+    request: web.Request,
+    streams: bool,
+    timing_header: str,
+    exchange: Answering,
+    answer_headers: Mapping[str, str] | None,
 ) -> web.StreamResponse:
     headers = dict(SSE_HEADERS if streams else JSON_HEADERS)
+    if answer_headers:
+        headers.update(answer_headers)
     headers["X-Rolloutgate-Request-Id"] = exchange.request_id
     if timing_header:
         headers["X-Rolloutgate-Timing"] = timing_header  # as of the first byte; the final one is in the body
@@ -154,9 +178,10 @@ async def _start(
 
 async def _write_finished(
     request: web.Request,
-    exchange: Exchange,
+    exchange: Answering,
     response: web.StreamResponse | None,
     item: Finished,
+    answer_headers: Mapping[str, str] | None,
     events: bytes = b"",
 ) -> web.StreamResponse:
     """The end of a successful answer; `events`: stream events to write before it (framed already)."""
@@ -164,7 +189,7 @@ async def _write_finished(
     if exchange.client_streams:
         if response is None:
             exchange.engine_url = item.engine_url
-            response = await _start(request, True, timing.header_value(), exchange)
+            response = await _start(request, True, timing.header_value(), exchange, answer_headers)
         await response.write_eof(
             events + b": rolloutgate-timing " + timing.header_value().encode() + b"\n\n" + SSE_DONE
         )
@@ -172,6 +197,8 @@ async def _write_finished(
     body = item.body if item.body is not None else b"{}"
     if response is None:
         headers = dict(JSON_HEADERS)
+        if answer_headers:
+            headers.update(answer_headers)
         headers["X-Rolloutgate-Timing"] = timing.header_value()
         headers["X-Rolloutgate-Request-Id"] = exchange.request_id
         if item.engine_url:

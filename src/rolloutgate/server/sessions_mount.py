@@ -15,14 +15,11 @@ from aiohttp import web
 from rolloutgate.core.events import SessionEnded
 from rolloutgate.engines.base import Route
 from rolloutgate.errors import GatewayError, NotFound
-from rolloutgate.server.auth import check_api_key
 from rolloutgate.server.context import CONTEXT, GatewayContext
 from rolloutgate.server.exchange import Finished
-from rolloutgate.server.front import ROUTES, apply_budget, proxy_path, serve_inference, submit
-from rolloutgate.server.guard import guarded
-from rolloutgate.server.respond import keepalive_for
+from rolloutgate.server.front import ROUTES, apply_budget, new_request_id, submit
+from rolloutgate.server.session_routes import add_session_routes
 from rolloutgate.server.validate import estimate_prompt_tokens
-from rolloutgate.sessions.http import add_session_routes
 from rolloutgate.sessions.registry import SessionLimits, SessionRegistry
 from rolloutgate.sessions.render import ChatRenderer
 from rolloutgate.sessions.service import SessionAnswer, SessionCall, SessionService, SessionSettings
@@ -56,7 +53,13 @@ class GatewayDispatcher:
                 client_route=Route.CHAT,
             )
         exchange, outbox = submit(
-            ctx, route, body, call.headers, routing_key=call.routing_key, prompt_tokens=prompt_tokens
+            ctx,
+            route,
+            body,
+            call.headers,
+            routing_key=call.routing_key,
+            prompt_tokens=prompt_tokens,
+            request_id=call.request_id,  # the turn's one id: the engine's rid and the session's record
         )
         try:
             item = await outbox.get()
@@ -114,6 +117,7 @@ def mount_sessions(app: web.Application) -> None:
         GatewayDispatcher(ctx),
         ctx.driver.clock,
         renderer=renderer,
+        new_request_id=new_request_id,
         settings=SessionSettings(
             max_model_len=min(models) if models else None,
             tree=settings.session_tree,
@@ -133,29 +137,9 @@ def mount_sessions(app: web.Application) -> None:
     service.on_end.append(lambda session_id: ctx.driver.handle(SessionEnded(routing_key=session_id)))
     ctx.metrics.watch_samples(lambda: registry.stats().metric_samples())
 
-    def keepalive(request: web.Request, streams: bool) -> float | None:
-        return keepalive_for(
-            request.headers,
-            streams=streams,
-            interval_real_s=ctx.driver.clock.real_seconds(settings.keepalive_interval),
-            non_streaming_default=settings.keepalive_non_streaming,
-            enabled=ctx.engine_clock,
-        ).interval_s
-
-    async def proxy(request: web.Request, session_id: str, path: str) -> web.StreamResponse:
-        route = ROUTES.get("/" + path.lstrip("/"))
-        if route is not None:
-            return await serve_inference(ctx, request, route, session_id)
-        query = f"?{request.query_string}" if request.query_string else ""
-        return await proxy_path(ctx, request, "/" + path.lstrip("/") + query)
-
     add_session_routes(
         app,
         service,
-        keepalive=keepalive,
-        proxy=proxy,
-        authorize=lambda request: check_api_key(request, settings),
-        wrap=guarded,
         error_shape=settings.session_error_shape,
         sweep_interval_s=ctx.driver.clock.real_seconds(min(30.0, settings.session_idle_ttl / 2)),
     )

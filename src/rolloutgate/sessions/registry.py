@@ -13,7 +13,7 @@ The rules for a session holding n turns, whose state S_n is turn n's request mes
 - EXTEND: the messages start with S_n (and tools/template kwargs are unchanged): a normal next turn;
 - RETRY: the messages equal turn n's request messages: the last turn is retried; it replaces turn n;
 - ROLLBACK: the messages start with S_{n-1}: the agent re-ran from the turn before (a different tool result,
-  say; for n = 1 any other first request); it replaces turn n. At most one turn is ever rolled back (a
+  say; for n = 1, with a tokenizer, any other first request); it replaces turn n. At most one turn is ever rolled back (a
   request that would discard more is refused in miles' words: `rollback failed: discard_count=...`);
 - tree sessions (`keep_branches`, miles' v2) also branch deeper: from the deepest earlier turn whose state
   the messages start with, or from the root when even the first messages differ; and a turn may not extend
@@ -278,9 +278,12 @@ class SessionRegistry:
         if last.tools_key == tools_key and list(keys) == state_keys[:-1]:
             shared = _common_prefix(keys, previous_keys)
             return TurnBase(kind=TurnKind.RETRY, keep_turns=n - 1, messages_from=shared)
-        if (n == 1 or records[-2].tools_key == tools_key) and _common_prefix(keys, previous_keys) == len(
+        one_turn_back = n >= 2 and records[-2].tools_key == tools_key
+        # strict, n == 1: back to the empty session, a new first turn (miles: the empty checkpoint); recorded
+        # mode keeps such a turn after the first instead (RESTART: its trajectory shows the break)
+        if (one_turn_back or (n == 1 and strict)) and _common_prefix(keys, previous_keys) == len(
             previous_keys
-        ):  # n == 1: back to the empty session, a new first turn (miles: the empty checkpoint)
+        ):
             return TurnBase(kind=TurnKind.ROLLBACK, keep_turns=n - 1, messages_from=len(previous_keys))
         if self.limits.keep_branches:
             branch = _deepest_branch_point(session, keys, tools_key)

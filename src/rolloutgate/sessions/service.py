@@ -1,13 +1,15 @@
-"""The session API's logic, between the HTTP handlers (http.py) and the gateway (an injected dispatcher).
+"""The session API's logic, between its routes (server/session_routes.py) and the gateway (an injected
+dispatcher).
 
 Theory of operation: the service owns a `SessionRegistry` (sans-IO) and an optional `ChatRenderer`, reads
 time from an injected clock, and sends every upstream call through a `Dispatcher`: the gateway's own request
 path (queueing, admission, placement with the session id as routing key, engine-time clocks, keep-alive-free
 waiting), which returns the engine's answer with its timing breakdown. One chat turn is:
 
-    read + validate -> plan (registry) -> prompt ids (renderer) -> begin -> dispatch -> parse -> commit
+    begin_chat: read + validate -> plan (registry) -> prompt ids (renderer) -> begin
+    run_chat:   dispatch -> parse -> commit
 
-with no `await` between plan and begin, so concurrent requests of one session see a consistent state. A turn
+with no `await` in `begin_chat`, so concurrent requests of one session see a consistent state. A turn
 that fails upstream is not recorded (`end_turn` in a `finally`); the engine's error goes back to the agent
 unchanged.
 """
@@ -53,7 +55,15 @@ from rolloutgate.sessions.samples import Picker, TreePath, assemble_linear, asse
 from rolloutgate.sessions.samples_wire import WeightVersionsWire, encode_samples
 from rolloutgate.sessions.session import Session, TurnTicket
 
-__all__ = ("ChatOutcome", "Dispatcher", "SessionAnswer", "SessionCall", "SessionService", "SessionSettings")
+__all__ = (
+    "ChatOutcome",
+    "ChatTurn",
+    "Dispatcher",
+    "SessionAnswer",
+    "SessionCall",
+    "SessionService",
+    "SessionSettings",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,6 +136,24 @@ class ChatOutcome:
     timing: TimingBreakdown | None = None
     engine_id: str | None = None
     recorded: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatTurn:
+    """A chat turn begun (`SessionService.begin_chat`): planned, its prompt rendered, in flight in the
+    registry. `request_id` is the turn's one id: the gateway's call, the engine's rid and the record."""
+
+    request_id: str
+    session: Session  # as it was when the turn began (it may be deleted while the turn runs)
+    request: tito.ChatRequest
+    keys: list[bytes]  # the messages' keys
+    tools_key: bytes
+    ticket: TurnTicket
+    base_ids: Sequence[int]  # the ids of the checkpoint it extends
+    prompt_ids: list[int] | None  # the gateway's rendering (None: the engine renders, recorded mode)
+    headers: Mapping[str, str]
+    max_seq_len: int | None
+    request_at: float  # wall-clock seconds
 
 
 class SessionService:
@@ -251,15 +279,21 @@ class SessionService:
     # -- one chat turn ---------------------------------------------------------------------------------------
 
     async def chat(self, session_id: str, body: Any, headers: Mapping[str, str] | None = None) -> ChatOutcome:
-        """Run one chat turn of a session. Raises GatewayError subclasses (session and gateway errors; a turn
-        whose prompt fills its token budget: 400 context_length_exceeded, from the dispatcher)."""
+        """Run one chat turn of a session: `begin_chat` then `run_chat`. Raises GatewayError subclasses
+        (session and gateway errors; a turn whose prompt fills its token budget: 400 context_length_exceeded,
+        from the dispatcher)."""
+        return await self.run_chat(self.begin_chat(session_id, body, headers))
+
+    def begin_chat(self, session_id: str, body: Any, headers: Mapping[str, str] | None = None) -> ChatTurn:
+        """Read, plan and render one chat turn and mark it in flight, without a wait: one consistent view of
+        the session. Raises GatewayError subclasses for what the session refuses. The turn must then be run
+        (`run_chat`) or `abandon`ed."""
         request = self.settings.turn_defaults.apply(tito.read_chat_request(body))
         headers = CIMultiDict(headers or {})  # names without case, as HTTP's, whoever hands them over
         header_budget = token_budget.header_budget(headers)
         keys = [message_key(m) for m in request.messages]
         tkey = tools_key(request.tools, request.template_kwargs)
         registry, renderer = self.registry, self.renderer
-        # plan -> prompt ids -> begin, with no await between: one consistent view of the session
         session = registry.get(session_id, self.clock.now())
         max_seq_len = token_budget.tightest(header_budget, session.max_seq_len)
         base = registry.plan_turn(session, request.messages, keys, tkey, strict=renderer is not None)
@@ -279,10 +313,34 @@ class SessionService:
             start = max(0, len(checkpoint.token_ids) - 1)
             request = replace(request, body={**request.body, "routed_experts_start_len": start})
         ticket = registry.begin_turn(session, base, _request_key(tkey, keys), self.clock.now())
-        request_id, request_at = self._new_request_id(), self._wall()
+        return ChatTurn(
+            request_id=self._new_request_id(),
+            session=session,
+            request=request,
+            keys=keys,
+            tools_key=tkey,
+            ticket=ticket,
+            base_ids=checkpoint.token_ids,
+            prompt_ids=prompt_ids,
+            headers=headers,
+            max_seq_len=max_seq_len,
+            request_at=self._wall(),
+        )
+
+    async def run_chat(self, turn: ChatTurn) -> ChatOutcome:
+        """Dispatch a begun turn, read the engine's answer and commit it; its in-flight mark goes whatever
+        happens. Raises GatewayError subclasses (a gateway verdict; an engine answer that is not a turn)."""
+        request, base = turn.request, turn.ticket.base
         try:
             answer = await self.dispatcher(
-                self._upstream_call(session_id, request_id, request, prompt_ids, headers, max_seq_len)
+                self._upstream_call(
+                    turn.session.session_id,
+                    turn.request_id,
+                    request,
+                    turn.prompt_ids,
+                    turn.headers,
+                    turn.max_seq_len,
+                )
             )
             if answer.status >= 400:
                 return ChatOutcome(
@@ -292,37 +350,37 @@ class SessionService:
                     timing=answer.timing,
                     engine_id=answer.engine_id,
                 )
-            turn, completion, prefix_len, new_ids = self._read_answer(
-                answer, request, prompt_ids, checkpoint.token_ids, request_id, int(request_at)
+            engine_turn, completion, prefix_len, new_ids = self._read_answer(
+                answer, request, turn.prompt_ids, turn.base_ids, turn.request_id, int(turn.request_at)
             )
             reply = tito.reply_message_of(completion)
             record = TurnRecord(
                 index=base.keep_turns,
-                request_id=request_id,
-                request_at_unix=request_at,
+                request_id=turn.request_id,
+                request_at_unix=turn.request_at,
                 finished_at_unix=self._wall(),
-                request=_without_messages(request.body, session),
+                request=_without_messages(request.body, turn.session),
                 messages_from=base.messages_from,
                 new_messages=tuple(request.messages[base.messages_from :]),
                 reply_message=reply,
                 response=completion,
                 prompt_prefix_len=prefix_len,
                 prompt_new_ids=ids_array(new_ids),
-                output_ids=ids_array(turn.output_ids),
-                output_logprobs=logprob_array(turn.output_logprobs),
-                finish_reason=turn.finish_reason,
+                output_ids=ids_array(engine_turn.output_ids),
+                output_logprobs=logprob_array(engine_turn.output_logprobs),
+                finish_reason=engine_turn.finish_reason,
                 engine_id=answer.engine_id,
-                weight_version=turn.weight_version,
+                weight_version=engine_turn.weight_version,
                 timing=answer.timing.as_dict() if answer.timing is not None else None,
-                request_key=ticket.request_key,
-                tools_key=tkey,
-                message_keys=(*keys[base.messages_from :], message_key(reply)),
-                tokenized_by_gateway=renderer is not None,
-                engine_meta=engine_meta_of(turn.meta_info),
+                request_key=turn.ticket.request_key,
+                tools_key=turn.tools_key,
+                message_keys=(*turn.keys[base.messages_from :], message_key(reply)),
+                tokenized_by_gateway=self.renderer is not None,
+                engine_meta=engine_meta_of(engine_turn.meta_info),
             )
-            recorded = self._commit(ticket, record)
+            recorded = self._commit(turn.ticket, record)
             if recorded:
-                await self.settled(session_id)
+                await self.settled(turn.session.session_id)
             return ChatOutcome(
                 status=200,
                 completion=completion,
@@ -331,7 +389,11 @@ class SessionService:
                 recorded=recorded,
             )
         finally:
-            registry.end_turn(ticket, self.clock.now())
+            self.abandon(turn)
+
+    def abandon(self, turn: ChatTurn) -> None:
+        """Forget a begun turn that will not be recorded (its client left); nothing after it committed."""
+        self.registry.end_turn(turn.ticket, self.clock.now())
 
     def _upstream_call(
         self,
@@ -411,33 +473,6 @@ class SessionService:
         except (SessionNotFound, SessionEvicted, SessionConflict):
             return False
         return True
-
-    # -- proxied paths ---------------------------------------------------------------------------------------
-
-    async def proxy(
-        self, session_id: str, method: str, path: str, *, query: str, body: bytes, headers: Mapping[str, str]
-    ) -> SessionAnswer:
-        """Any other `/sessions/{id}/<path>`: sent as is, with the session as routing key (not recorded)."""
-        self.registry.get(session_id, self.clock.now())
-        json_body: dict[str, Any] | None = None
-        if body:
-            try:
-                loaded = orjson.loads(body)
-            except orjson.JSONDecodeError:
-                loaded = None
-            json_body = loaded if isinstance(loaded, dict) else None
-        return await self.dispatcher(
-            SessionCall(
-                request_id=self._new_request_id(),
-                routing_key=session_id,
-                method=method,
-                path=path,
-                body=json_body,
-                raw_body=None if json_body is not None else (body or None),
-                query=query,
-                headers=CIMultiDict(headers),
-            )
-        )
 
 
 def _samples_request(body: Any) -> tuple[int | None, dict[str, Any] | None]:
