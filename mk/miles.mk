@@ -26,6 +26,12 @@ $(MILES_STAMP): scripts/miles_env.sh $(MILES_DIR)/requirements-tests-cpu.txt
 
 miles-env: $(MILES_STAMP)
 
+# Without miles' checkout the suite cannot run: say where it is looked for, not "No rule to make target".
+$(MILES_DIR)/requirements-tests-cpu.txt:
+	@echo "make test-miles reads miles from $(MILES_DIR) (shared/peers/miles beside this checkout), which is" \
+		"not there: clone the project beside shared/ or give MILES_DIR=/path/to/peers/miles" >&2
+	@exit 1
+
 # The baseline file is written only when miles' suite passes on miles' own servers: a failure there is this
 # machine's setup, not rolloutgate, and stops the target before rolloutgate is tried.
 $(MILES_BASELINE): $(MILES_STAMP) $(wildcard tests/compat/miles/*.py) $(shell find $(MILES_DIR)/tests $(MILES_DIR)/miles -name '*.py' 2>/dev/null)

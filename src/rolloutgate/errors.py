@@ -158,6 +158,11 @@ _FAIL_REASONS: dict[FailReason, tuple[type[GatewayError], str]] = {
     FailReason.QUEUE_FULL: (QueueFull, "the gateway queue is full"),
     FailReason.UPSTREAM: (UpstreamFailure, "the engine failed the request"),
     FailReason.ATTEMPTS_EXHAUSTED: (UpstreamFailure, "the request failed on every engine tried"),
+    FailReason.ENGINE_LOST_IN_PREFILL: (
+        UpstreamFailure,
+        "two engines dropped the request before its first token; it is not sent to another, as it may be what "
+        "brought them down",
+    ),
     # /generate gets SGLang's own abort answer instead (server/driver.py); other routes this error
     FailReason.ABORTED: (BadRequest, "aborted by an abort_request before it started"),
 }

@@ -147,6 +147,36 @@ def test_refused_connection_is_redispatched_elsewhere_until_attempts_run_out() -
     assert [d.attempt for d in h.commands(Dispatch, "a")] == [1, 2, 3]
 
 
+def test_a_request_two_engines_dropped_in_prefill_fails_where_decoding_ones_move() -> None:
+    # An engine that dies drops every call on it. The one it was prefilling may be what killed it; once is no
+    # proof (a restart drops prefills too), twice is: it is not sent to kill a third engine.
+    h = Harness(reference(max_attempts=5))
+    h.engines(e1=2, e2=2, e3=2)
+    h.arrive("decoding", routing_key="s")
+    h.arrive("poison", routing_key="s")
+    assert h.engine_of["decoding"] == h.engine_of["poison"] == "e1"
+    h.progress("decoding", tokens=5)
+    for engine in ("e1", "e2"):
+        assert h.engine_of["poison"] == engine
+        out = h.send(UpstreamFailed(request_id="poison", reason="connection lost", engine_lost=True))
+    [fail] = of(out, Fail)
+    assert fail.reason is FailReason.ENGINE_LOST_IN_PREFILL and "connection lost" in fail.detail
+    assert [d.engine_id for d in h.commands(Dispatch, "poison")] == ["e1", "e2"]
+    h.send(UpstreamFailed(request_id="decoding", reason="connection lost", engine_lost=True))
+    h.progress("decoding", tokens=5)  # it decoded on its second engine before that one died too
+    h.send(UpstreamFailed(request_id="decoding", reason="connection lost", engine_lost=True))
+    assert len(h.commands(Dispatch, "decoding")) == 3 and not h.commands(Fail, "decoding")
+
+
+def test_a_call_refused_in_prefill_is_retried_as_it_never_ran() -> None:
+    h = Harness()
+    h.engines(e1=1, e2=1, e3=1)
+    h.arrive("a")
+    h.send(UpstreamFailed(request_id="a", reason="connection refused", engine_unreachable=True))
+    h.send(UpstreamFailed(request_id="a", reason="HTTP 503", status=503))
+    assert [d.engine_id for d in h.commands(Dispatch, "a")] == ["e1", "e2", "e3"]
+
+
 def test_non_retryable_failure_is_the_clients_answer() -> None:
     h = Harness()
     h.engines(e1=1)

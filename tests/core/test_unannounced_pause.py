@@ -125,6 +125,38 @@ def test_every_request_on_the_engine_gets_its_silence_back_and_others_keep_their
     assert h.commands(MarkEngine) == [] and h.commands(Abort) == []
 
 
+def test_the_counters_reading_of_the_last_token_places_the_pause_and_a_streamed_token_still_counts() -> None:
+    """A call answered whole shows progress at counter readings (10.0, then the pause was seen before the
+    next one): the edge's reading of when the last token came (12.0) places the pause, not the last reading.
+    A token another call streamed after that estimate (13.0) says the engine still ran then."""
+    h = Harness(reference(hang_check_s=2.0))
+    h.engines(e1=4)
+    h.arrive("b")
+    h.advance(10.0)
+    h.send(ProgressReported(request_id="b", tokens=0, engine_level=True))  # the reading at 10.0
+    h.advance(5.0)
+    h.send(EnginePaused(engine_id="e1", unannounced=True, last_output_at=h.now - 3.0))  # 12.0, seen at 15.0
+    h.advance(10.0)
+    h.send(EngineResumed(engine_id="e1"))  # at 25.0
+    h.advance(5.0, {"b": 0.5})
+    h.finish("b")
+    timing = complete(h, "b").timing
+    assert (timing.charged_s, timing.paused_s) == pytest.approx((17.0, 13.0))
+
+    h = Harness(reference(hang_check_s=2.0))
+    h.engines(e1=4)
+    h.arrive("b")
+    h.arrive("s")
+    h.advance(13.0, {"s": 0.5})  # s streams a token every 0.5 s until 13.0
+    h.send(EnginePaused(engine_id="e1", unannounced=True, last_output_at=h.now - 1.0))  # 12.0
+    h.advance(10.0)
+    h.send(EngineResumed(engine_id="e1"))
+    h.advance(5.0, {"b": 0.5, "s": 0.5})
+    h.finish("b")
+    timing = complete(h, "b").timing
+    assert (timing.charged_s, timing.paused_s) == pytest.approx((18.0, 10.0))
+
+
 def test_a_silence_longer_than_the_stall_timeout_seen_at_the_check_is_not_charged() -> None:
     """The pause outlasts the stall window before the health loop sees it: the core's check (CheckEngine)
     reads it, and the whole silence, stall window included, is paused."""

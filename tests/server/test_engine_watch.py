@@ -114,3 +114,40 @@ async def test_each_engine_is_polled_once_however_many_calls_it_holds() -> None:
     assert len(e1.read_at) == len(e2.read_at) == 2
     assert sorted(e.request_id for e in emitted) == ["a", "b", "c"]  # e2 generated nothing
     await watcher.close()
+
+
+@pytest.mark.looptime
+async def test_a_pause_read_at_once_places_the_cut_short_intervals_tokens_at_its_start() -> None:
+    """100 tokens/s for two polls, then the engine pauses 0.5 s into the third: a reading taken when the pause
+    is learned shows 50 tokens, which at the rate before took 0.5 s: the last one came at 4.5, not at the
+    reading (5.2) nor at the last poll (4.0)."""
+    loop = asyncio.get_running_loop()
+    watcher = EngineWatcher(lambda _e: None, loop.time, poll_s=2.0)
+    engine = ScriptedEngine([counter(0), counter(200), counter(400), counter(450), counter(450)])
+    start = loop.time()
+    watcher.add("e1", engine, "a", 1, 10_000)  # type: ignore[arg-type]
+    await asyncio.sleep(5.2)
+    assert await watcher.output_at("e1") == pytest.approx(start + 4.5)
+    await asyncio.sleep(1.0)  # the next poll (6.0) shows nothing new: the estimate stands
+    assert await watcher.output_at("e1") == pytest.approx(start + 4.5)
+    assert await watcher.output_at("e9") is None  # nothing watched there
+    await watcher.close()
+
+
+@pytest.mark.looptime
+async def test_in_the_first_interval_the_engines_own_rate_places_the_tokens() -> None:
+    """A pause 0.8 s into a call, before a second reading could measure a rate: SGLang's `gen_throughput`
+    (its last decode log's rate, kept while paused) places the 80 tokens of the cut-short interval."""
+    loop = asyncio.get_running_loop()
+    watcher = EngineWatcher(lambda _e: None, loop.time, poll_s=2.0)
+    engine = ScriptedEngine(
+        [
+            EngineLoad(running=1, waiting=0, generated_tokens_total=0.0, gen_throughput=0.0),
+            EngineLoad(running=1, waiting=0, generated_tokens_total=80.0, gen_throughput=100.0),
+        ]
+    )
+    start = loop.time()
+    watcher.add("e1", engine, "a", 1, 10_000)  # type: ignore[arg-type]
+    await asyncio.sleep(1.5)
+    assert await watcher.output_at("e1") == pytest.approx(start + 0.8)
+    await watcher.close()

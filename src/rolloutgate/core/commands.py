@@ -57,6 +57,7 @@ class FailReason(enum.Enum):
     QUEUE_FULL = "queue_full"  # the wait queue is at its limit            -> 429 + Retry-After
     UPSTREAM = "upstream"  # the engine failed and no retry is possible  -> 502
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"  # failed on every engine tried -> 502
+    ENGINE_LOST_IN_PREFILL = "engine_lost_in_prefill"  # dropped in prefill by two engines (poison) -> 502
     ABORTED = "aborted"  # waiting when a client aborted everything (QueueAborted) -> SGLang's abort answer
 
 

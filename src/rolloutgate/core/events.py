@@ -147,6 +147,8 @@ class UpstreamFailed:
     retryable: bool = True
     status: int | None = None  # the engine's HTTP status, when there was one
     engine_unreachable: bool = False  # connection refused / no route: the engine is marked unhealthy
+    # the engine dropped the call mid-answer (reset, closed, stream cut short), as when its process dies
+    engine_lost: bool = False
     attempt: int | None = None  # the Dispatch.attempt this belongs to; a stale attempt's event is ignored
 
 
@@ -226,10 +228,16 @@ class EnginePaused:
     the engine's own flag or from what it shows (server/pool.py): the pause began at some time after the
     engine's last progress, which is all the core knows of it, so the core counts the pause from then (its
     silence since its last progress, or since it got work or was resumed, is forgiven: `paused`, not charged),
-    for every request in flight there (request_clock.py `ChargeMeter.backdate_pause`)."""
+    for every request in flight there (request_clock.py `ChargeMeter.backdate_pause`).
+
+    `last_output_at`: when the engine's last token came, as the edge read it from the engine's token counter
+    when it learned the pause (server/engine_watch.py): for calls answered whole the core's last progress is
+    the last reading that showed tokens, up to a poll after the last token or, when the pause was seen before
+    that reading, one poll before it; the counter says when."""
 
     engine_id: str
     unannounced: bool = False
+    last_output_at: float | None = None
 
 
 @dataclass(**_frozen)

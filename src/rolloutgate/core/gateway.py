@@ -33,7 +33,10 @@ Verdicts (ENGINE clock mode; DESIGN.md is authoritative):
   others, within the last stall_recheck_s) -> Abort(STUCK) + re-queue once avoiding that engine; stuck
   again -> Fail(STALL)
 - retryable UpstreamFailed            -> re-queue avoiding that engine, up to max_attempts, then
-  Fail(ATTEMPTS_EXHAUSTED); not retryable -> Fail(UPSTREAM); `engine_unreachable` -> MarkEngine(unhealthy)
+  Fail(ATTEMPTS_EXHAUSTED); not retryable -> Fail(UPSTREAM); `engine_unreachable` -> MarkEngine(unhealthy);
+  `engine_lost` (the engine dropped the call) while the request was in prefill, the second time
+  (POISON_PREFILL_LOSSES) -> Fail(ENGINE_LOST_IN_PREFILL): a request that two engines died prefilling is not
+  sent to kill a third
 - client gone for retry_grace_s       -> Abort(CLIENT_GONE) if dispatched, forgotten (no Fail: no client)
 - its group aborted (GroupAborted)    -> Abort(GROUP_ABORTED) if dispatched + Fail(ABORTED), each live member;
   a group's last member ending        -> RecordGroup (its outcome and completion time, group_table.py)
@@ -101,7 +104,13 @@ from rolloutgate.core.stats import EngineStats, GatewayStats
 from rolloutgate.core.timing import TimingBreakdown
 from rolloutgate.core.wait_queue import SHARED
 
-__all__ = ("Gateway", "GatewayCoreConfig")
+__all__ = ("POISON_PREFILL_LOSSES", "Gateway", "GatewayCoreConfig")
+
+# An engine that dies drops every call on it, and the ones it was prefilling may be what killed it (an input its
+# model cannot embed, a prompt that exhausts its memory). Once is no proof: an engine restarted, killed for
+# memory or lost with its node drops its prefills too, and those must move like the rest. Twice is: a request two
+# engines died prefilling fails rather than go on to kill a third and every request there with it.
+POISON_PREFILL_LOSSES = 2
 
 
 class Gateway(GatewayLedger):
@@ -330,6 +339,7 @@ class Gateway(GatewayLedger):
         r.tokens += ev.tokens
         if not ev.engine_level:  # an engine-level share is an estimate; the request's own output follows
             engine.generated_tokens += ev.tokens
+            engine.liveness.last_token_at = now
         engine.liveness.last_progress_at = now
         if r.is_in_prefill:
             if ev.engine_level and now < r.prefill_due_at:
@@ -398,10 +408,14 @@ class Gateway(GatewayLedger):
         out: list[Command] = []
         if ev.engine_unreachable and engine.state is EngineState.HEALTHY:
             self._mark(engine, EngineState.UNHEALTHY, now, out, ev.reason)
+        if ev.engine_lost and r.is_in_prefill:
+            r.prefill_losses += 1
         self._detach(r, now, forgive=ev.retryable)
         detail = ev.reason if ev.status is None else f"{ev.reason} (status {ev.status})"
         if not ev.retryable:
             self._fail(r, FailReason.UPSTREAM, now, out, detail=detail)
+        elif r.prefill_losses >= POISON_PREFILL_LOSSES:
+            self._fail(r, FailReason.ENGINE_LOST_IN_PREFILL, now, out, detail=detail)
         elif r.fault_attempts >= self._config.max_attempts:
             self._fail(r, FailReason.ATTEMPTS_EXHAUSTED, now, out, detail=detail)
         else:
@@ -519,7 +533,8 @@ class Gateway(GatewayLedger):
         if engine is not None and not engine.is_paused:
             engine.is_paused = True
             if ev.unannounced:  # it paused itself after its last progress: its silence is the pause's
-                since = engine.meter.backdate_pause(engine.liveness.silent_since_at(), now)
+                since = engine.liveness.silent_since_at(ev.last_output_at)
+                since = engine.meter.backdate_pause(since, now)
                 for r in engine.requests.values():
                     r.clock.rebase(since, now)
             else:

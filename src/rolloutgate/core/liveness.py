@@ -82,12 +82,14 @@ class EngineLiveness:
         "cold_since_at",
         "large_prefill_tokens",
         "last_progress_at",
+        "last_token_at",
         "pool_stall_timeout_s",
         "window_start_at",
     )
 
     def __init__(self, *, now: float, pool_stall_timeout_s: float = math.inf) -> None:
         self.last_progress_at = -math.inf
+        self.last_token_at = -math.inf  # the last progress a call's own answer showed (not a counter reading)
         self.window_start_at = now
         self.cold_since_at = now  # it joined: cold until its first progress (warm-up, module docstring)
         self.large_prefill_tokens = 0
@@ -133,8 +135,12 @@ class EngineLiveness:
         own = heap[0] if heap else math.inf
         return min(own, self.pool_stall_timeout_s)
 
-    def silent_since_at(self) -> float:
-        return max(self.last_progress_at, self.window_start_at)
+    def silent_since_at(self, last_output_at: float | None = None) -> float:
+        """Since when it has shown nothing: its last progress, or when it got work or was resumed if later.
+        `last_output_at`, the edge's reading of when its last token came (its counter), stands for the
+        progress read from that counter; a token a call streamed later still counts."""
+        last = self.last_progress_at if last_output_at is None else max(last_output_at, self.last_token_at)
+        return max(last, self.window_start_at)
 
     def ask_check(self, now: float) -> bool:
         """This silence is due for its pause check: True the first time (ask the engine whether it is

@@ -4,7 +4,7 @@ it is dispatched to, an engine at the requests dispatched there), so they live i
 `RequestRecord`: created on `RequestArrived`, freed when the request ends (Complete, Fail, or forgotten after its
 client left). The record survives re-dispatches: `attempt` counts dispatches, `fault_attempts` the dispatches
 that count against `max_attempts` (the first one plus each retry after a refused connection, a hung engine or a
-stuck request), `tokens` the output seen so far in the visible stream.
+stuck request), `prefill_losses` the engines that dropped it before its first token, `tokens` the output seen so far in the visible stream.
 
 `EngineRecord`: one per engine in the pool, owned by the gateway. It composes the per-engine parts
 (admission.EngineSlots, request_clock.ChargeMeter, liveness.EngineLiveness) and two timer heaps, one per charge
@@ -58,6 +58,7 @@ class RequestRecord:
         "limits",
         "pinned_engine",
         "prefill_due_at",
+        "prefill_losses",
         "prefills_endured",
         "priority",
         "prompt_tokens",
@@ -95,6 +96,9 @@ class RequestRecord:
         self.is_stale_answering = False  # aborted as stale, its engine answering it with its partial output
         self.fault_attempts = 1
         self.stuck_count = 0
+        self.prefill_losses = (
+            0  # engines that dropped it before its first token (gateway.py, poison requests)
+        )
         self.tokens = 0
         self.delivered_tokens = 0
         self.uncached_tokens = 0

@@ -83,7 +83,9 @@ class EngineLoad:
     running: int
     waiting: int
     generated_tokens_total: float | None = None
-    gen_throughput: float | None = None  # tokens/s the engine reports generating lately (SGLang /v1/loads)
+    # tokens/s the engine reports generating lately (SGLang /v1/loads, or its /metrics gauge, which keeps its
+    # last decode log's value while the engine is paused)
+    gen_throughput: float | None = None
     snapshot_at: float | str | None = None  # when the engine took the reading (SGLang /v1/loads `timestamp`)
 
 
@@ -158,6 +160,8 @@ class UpstreamError(Exception):
     `status` is the engine's HTTP status when it answered with an error; `body` its error body (JSON bytes),
     passed to the client as-is for non-retryable client errors (e.g. a 400 for a bad parameter).
     `unreachable`: no connection could be made at all (refused, DNS): the engine itself is down.
+    `lost`: the engine dropped the call without finishing its answer (connection reset or closed, a stream
+    cut short): what a client sees when the engine process dies under it.
     """
 
     def __init__(
@@ -168,6 +172,7 @@ class UpstreamError(Exception):
         status: int | None = None,
         body: bytes | None = None,
         unreachable: bool = False,
+        lost: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -175,6 +180,7 @@ class UpstreamError(Exception):
         self.status = status
         self.body = body
         self.unreachable = unreachable
+        self.lost = lost
 
 
 class Readiness(enum.Enum):

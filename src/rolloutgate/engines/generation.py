@@ -251,8 +251,8 @@ class SsePush:
         if tail == DONE:
             return None
         if tail is not None:
-            return UpstreamError("the engine's stream ended inside an event", retryable=True)
-        return UpstreamError("the engine's stream ended before [DONE]", retryable=True)
+            return UpstreamError("the engine's stream ended inside an event", retryable=True, lost=True)
+        return UpstreamError("the engine's stream ended before [DONE]", retryable=True, lost=True)
 
 
 def whole_body_event(body: bytes, *, hint: AssemblyHint) -> UpstreamEvent:

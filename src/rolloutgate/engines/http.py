@@ -313,7 +313,7 @@ def _translate(what: str, exc: Exception) -> UpstreamError | None:
     if isinstance(exc, (aiohttp.ClientConnectorError, UpstreamConnectError)):
         return UpstreamError(f"{what}: cannot connect: {exc}", retryable=True, unreachable=True)
     if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, UpstreamDisconnected)):
-        return UpstreamError(f"{what}: connection lost mid-response: {exc}", retryable=True)
+        return UpstreamError(f"{what}: connection lost mid-response: {exc}", retryable=True, lost=True)
     if isinstance(exc, UpstreamProtocolError):
         return UpstreamError(f"{what}: {exc}", retryable=True)
     if isinstance(exc, aiohttp.ClientResponseError):

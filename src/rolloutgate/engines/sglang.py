@@ -79,7 +79,14 @@ HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK_"
 _CHAT_NON_STREAMABLE = ("return_meta_info", "return_token_ids", "return_prompt_token_ids")
 _PAUSE_MODES = {"abort": "abort", "retract": "retract", "in_place": "in_place", "keep": "in_place"}
 _GATEWAY_DRAINS = frozenset({"drain", "wait"})
-_METRICS = frozenset({"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:generation_tokens_total"})
+_METRICS = frozenset(
+    {
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang:generation_tokens_total",
+        "sglang:gen_throughput",
+    }
+)
 # SGLang counts a request's tokens in `sglang:generation_tokens_total` only when the request finishes (0.5.9
 # measured; 0.5.23's TokenizerMetricsCollector alike): a lone long call shows no progress there until its end.
 # Its scheduler bumps `sglang:realtime_tokens_total{mode="decode"}` every decode step: the live counter.
@@ -316,6 +323,7 @@ class SglangClient:
                         generated_tokens_total=(
                             decoded if decoded is not None else values["sglang:generation_tokens_total"]
                         ),
+                        gen_throughput=values.get("sglang:gen_throughput"),
                     )
             self._counter_in_metrics = False
         answer = await get_json(self._session, self.url + "/v1/loads", limits=limits, what="v1/loads")

@@ -147,6 +147,7 @@ def build_app(settings: GatewaySettings) -> web.Application:
     pool = EnginePool(
         settings, driver.handle, clock.real_seconds, driver.core.engine_state, driver.core.in_flight_on
     )
+    pool.output_at = driver.engine_watch.output_at
     driver.pool = pool
     attachments = Attachments(ttl_s=settings.result_ttl, max_entries=settings.result_cache_entries)
     driver.on_end.append(lambda exchange, item: attachments.ended(exchange, item, clock.now()))

@@ -309,6 +309,18 @@ class Driver:
             return
         if not error.retryable:
             exchange.upstream_error = error
+        if (
+            error.lost
+        ):  # the request's id in the log: the suspects when an engine died prefilling (core/gateway.py)
+            self.metrics.calls_lost.labels(engine=exchange.engine_id or "").inc()
+            log.warning(
+                "engine %s dropped request %s (attempt %d): %s",
+                exchange.engine_id,
+                exchange.request_id,
+                attempt,
+                error.message,
+                extra={"engine": exchange.engine_id, "request_id": exchange.request_id},
+            )
         self.handle(
             UpstreamFailed(
                 request_id=exchange.request_id,
@@ -317,6 +329,7 @@ class Driver:
                 status=error.status,
                 attempt=attempt,
                 engine_unreachable=error.unreachable,
+                engine_lost=error.lost,
             )
         )
 

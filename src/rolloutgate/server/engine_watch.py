@@ -41,6 +41,36 @@ def tokens_between(earlier: EngineLoad | None, later: EngineLoad, elapsed_s: flo
     return rate * elapsed_s
 
 
+class _Readings:
+    """One engine's counter readings: the last one, and when its last counted token came."""
+
+    __slots__ = ("last", "last_at", "lock", "output_at", "rate")
+
+    def __init__(self, now: float) -> None:
+        self.last: EngineLoad | None = None
+        self.last_at = now
+        self.rate = 0.0  # tokens per second over the last interval that showed tokens
+        self.output_at: float | None = None  # the estimated moment of its last counted token
+        self.lock = asyncio.Lock()  # the poll and a pause's reading (`output_at`) take turns
+
+    def take(self, load: EngineLoad, now: float) -> float:
+        """Take a reading at `now`; the tokens generated since the last one.
+
+        A reading only says how many tokens came in its interval, not when. When that interval was cut short
+        by a pause, they came at the start: at the rate of the interval before (in the first interval, the
+        rate the engine reports, SGLang's `gen_throughput`), they took `tokens / rate` of it, and the last one
+        came then, not at the reading (a pause's silence counts from there: core/events.py EnginePaused)."""
+        elapsed = now - self.last_at
+        generated = tokens_between(self.last, load, elapsed)
+        if generated > 0:
+            rate = self.rate if self.rate > 0 else (load.gen_throughput or 0.0)
+            busy_s = elapsed if rate <= 0 else min(elapsed, generated / rate)
+            self.output_at = self.last_at + busy_s
+            self.rate = generated / elapsed if elapsed > 0 else 0.0
+        self.last, self.last_at = load, now
+        return generated
+
+
 class EngineWatcher:
     def __init__(self, emit: Callable[[Event], None], now: Callable[[], float], poll_s: float) -> None:
         self._emit = emit
@@ -48,20 +78,42 @@ class EngineWatcher:
         self._poll_s = poll_s  # real seconds
         self.watch = EngineWatch()
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._clients: dict[str, EngineClient] = {}
+        self._readings: dict[str, _Readings] = {}
 
     def add(
         self, engine_id: str, client: EngineClient, request_id: str, attempt: int, max_new_tokens: int | None
     ) -> None:
         self.watch.add(engine_id, request_id, attempt, max_new_tokens)
         if engine_id not in self._tasks:
+            self._clients[engine_id] = client
+            self._readings[engine_id] = _Readings(self._now())
             self._tasks[engine_id] = asyncio.get_running_loop().create_task(self._poll(engine_id, client))
 
     def remove(self, request_id: str) -> None:
         self.watch.remove(request_id)
 
+    async def output_at(self, engine_id: str) -> float | None:
+        """When the engine's last token came, as its counter shows it now (a reading taken at once, its
+        progress handed to the core first); None when no call on it is watched, or it cannot be read."""
+        readings, client = self._readings.get(engine_id), self._clients.get(engine_id)
+        if readings is None or client is None:
+            return None
+        await self._read(engine_id, client, readings)
+        return readings.output_at
+
+    async def _read(self, engine_id: str, client: EngineClient, readings: _Readings) -> None:
+        async with readings.lock:
+            try:
+                load = await client.load()
+            except UpstreamError:
+                return  # no reading: no progress; liveness judges the silence
+            generated = readings.take(load, self._now())
+        for event in self.watch.observe(engine_id, generated, load.running + load.waiting):
+            self._emit(event)
+
     async def _poll(self, engine_id: str, client: EngineClient) -> None:
-        last: EngineLoad | None = None
-        last_at = self._now()
+        readings = self._readings[engine_id]
         first = True
         try:
             while self.watch.is_watching(engine_id):
@@ -70,17 +122,11 @@ class EngineWatcher:
                     if not self.watch.is_watching(engine_id):
                         break  # its calls ended while it slept: no reading for nobody
                 first = False
-                try:
-                    load = await client.load()
-                except UpstreamError:
-                    continue  # no reading: no progress; liveness judges the silence
-                now = self._now()
-                generated = tokens_between(last, load, now - last_at)
-                last, last_at = load, now
-                for event in self.watch.observe(engine_id, generated, load.running + load.waiting):
-                    self._emit(event)
+                await self._read(engine_id, client, readings)
         finally:
             self._tasks.pop(engine_id, None)
+            self._clients.pop(engine_id, None)
+            self._readings.pop(engine_id, None)
 
     async def close(self) -> None:
         for task in list(self._tasks.values()):

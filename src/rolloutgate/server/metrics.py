@@ -187,6 +187,12 @@ class Metrics:
             ["engine"],
             registry=r,
         )
+        self.calls_lost = Counter(
+            "rolloutgate_engine_calls_lost",
+            "Calls an engine dropped without finishing its answer (its process died, or it reset the connection)",
+            ["engine"],
+            registry=r,
+        )
         self.generated_tokens = LightCounter(
             "rolloutgate_generated_tokens", "Output tokens seen from engines", registry=r
         )

@@ -65,7 +65,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -94,7 +94,7 @@ log = logging.getLogger("rolloutgate.pool")
 HEALTHY = EngineState.HEALTHY.value
 QUARANTINED = EngineState.QUARANTINED.value
 PENDING = "pending"  # registered, not joined yet: its probe has not succeeded (module docstring)
-PAUSED_POLL_S = 1.0  # gateway seconds between readiness reads of an engine paused by someone else
+PAUSED_POLL_S = 0.25  # gateway seconds between readiness reads of an engine paused by someone else
 PROBE_SHARE = 0.6  # of hang_check_timeout: the health probe of a pause check on an engine without a flag
 
 
@@ -164,6 +164,10 @@ class PendingEngine:
         }
 
 
+async def _unknown_output_at(_engine_id: str) -> float | None:
+    return None
+
+
 @dataclass(eq=False)
 class EnginePool:
     settings: GatewaySettings
@@ -172,6 +176,8 @@ class EnginePool:
     engine_state: Callable[[str], str | None]  # the core's state of an engine: the one source of it
     # the calls the core has in flight on an engine (a check that hangs then is no verdict: docstring)
     engine_in_flight: Callable[[str], int] = field(default=lambda _engine_id: 0)
+    # when an engine's last token came, read from its counter at once (EngineWatcher.output_at); None: unknown
+    output_at: Callable[[str], Awaitable[float | None]] = field(default=_unknown_output_at)
     session: aiohttp.ClientSession = field(init=False)  # set when the app starts
     engines: dict[str, EngineHandle] = field(default_factory=dict)
     pending: dict[str, PendingEngine] = field(default_factory=dict)  # by URL
@@ -403,7 +409,7 @@ class EnginePool:
         except TimeoutError:
             return  # no answer in time (hung, as a rule): the core judges it when its check time is up
         if paused and self.engines.get(handle.engine_id) is handle:
-            self._paused_by_engine(handle)
+            await self._paused_by_engine(handle)
 
     async def _health_loop(self, handle: EngineHandle) -> None:
         interval = self.real_seconds(self.settings.health_interval)
@@ -415,7 +421,7 @@ class EnginePool:
                 continue  # the admin API pauses or updates it (server/admin.py): its pause is the gateway's
             readiness = await client.readiness()
             if readiness is Readiness.PAUSED:
-                self._paused_by_engine(handle)
+                await self._paused_by_engine(handle)
                 continue
             if handle.paused_by_engine and readiness is None:  # a pause seen in what it shows (docstring)
                 outcome = await self._check_health(handle)
@@ -439,7 +445,7 @@ class EnginePool:
                 if again is Readiness.PAUSED or (
                     again is None and ok is None and await client.scheduler_answers()
                 ):
-                    self._paused_by_engine(handle)
+                    await self._paused_by_engine(handle)
                     continue
             self._record_check(handle, ok)
 
@@ -458,9 +464,11 @@ class EnginePool:
         except UpstreamError:
             return False
 
-    def _paused_by_engine(self, handle: EngineHandle) -> None:
+    async def _paused_by_engine(self, handle: EngineHandle) -> None:
+        output_at = None
         if not handle.paused_by_engine:
             handle.paused_by_engine = True
+            output_at = await self.output_at(handle.engine_id)
             log.warning(
                 "%s (%s) says its generation is paused, and not by the gateway: nothing on it is charged or "
                 "judged hung until it continues",
@@ -468,7 +476,7 @@ class EnginePool:
                 handle.url,
             )
         # every reading (the core ignores a repeat): an admin pause that ended meanwhile resumed it in the core
-        self.emit(EnginePaused(engine_id=handle.engine_id, unannounced=True))
+        self.emit(EnginePaused(engine_id=handle.engine_id, unannounced=True, last_output_at=output_at))
 
     async def _resumed_by_engine(self, handle: EngineHandle) -> None:
         handle.paused_by_engine = False
