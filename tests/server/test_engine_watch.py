@@ -4,13 +4,14 @@ while an engine has watched calls, the tokens between readings, and silence when
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 import pytest
 
 from rolloutgate.core.events import Event, ProgressReported
 from rolloutgate.engines.base import EngineLoad, UpstreamError
-from rolloutgate.server.engine_watch import EngineWatcher, tokens_between
+from rolloutgate.server.engine_watch import FIRST_READINGS_SPEEDUP, EngineWatcher, tokens_between
 
 
 def test_tokens_between_prefers_the_counter_and_trusts_a_rate_only_while_the_snapshot_moves() -> None:
@@ -57,21 +58,56 @@ def counter(total: float, running: int = 1) -> EngineLoad:
     return EngineLoad(running=running, waiting=0, generated_tokens_total=total)
 
 
+class DecodingEngine:
+    """An engine decoding `rate` tokens/s from the loop's start, paused over [pause_at, resume_at); its counter
+    (and, with `reports_rate`, SGLang's `gen_throughput` gauge, which keeps its value while paused) as read."""
+
+    url = "http://engine"
+
+    def __init__(
+        self,
+        rate: float,
+        pause_at: float = math.inf,
+        resume_at: float = math.inf,
+        *,
+        reports_rate: bool = False,
+    ) -> None:
+        self.start = asyncio.get_running_loop().time()
+        self.rate, self.pause_at, self.resume_at, self.reports_rate = rate, pause_at, resume_at, reports_rate
+        self.read_at: list[float] = []
+
+    async def load(self) -> EngineLoad:
+        now = asyncio.get_running_loop().time()
+        self.read_at.append(now - self.start)
+        t = now - self.start
+        decoding = min(t, self.pause_at) + max(0.0, t - self.resume_at)
+        return EngineLoad(
+            running=1,
+            waiting=0,
+            generated_tokens_total=self.rate * decoding,
+            gen_throughput=self.rate if self.reports_rate else None,
+        )
+
+
+def engine_level(request_id: str, attempt: int = 1) -> ProgressReported:
+    return ProgressReported(request_id=request_id, tokens=0, attempt=attempt, engine_level=True)
+
+
 @pytest.mark.looptime
-async def test_one_reading_per_poll_while_watched_and_progress_when_tokens_came() -> None:
+async def test_readings_come_fast_until_the_rate_is_known_then_one_per_poll_while_watched() -> None:
+    """The baseline at once (the next reading's tokens count from the call's start); then every poll / 6
+    until a whole interval of decoding (one that began with the engine decoding) gave the rate; then one per
+    poll, each with tokens reported as engine-level progress; none once the call ended."""
     emitted: list[tuple[float, Event]] = []
     loop = asyncio.get_running_loop()
     watcher = EngineWatcher(lambda e: emitted.append((loop.time(), e)), loop.time, poll_s=2.0)
-    engine = ScriptedEngine([counter(100), counter(100), counter(170), counter(240)])
-    start = loop.time()
-    watcher.add("e1", engine, "a", 1, 1_000)  # type: ignore[arg-type]
-    await asyncio.sleep(8.5)
-    assert [t - start for t in engine.read_at] == pytest.approx([0.0, 2.0, 4.0, 6.0, 8.0])
-    # the baseline at once (the next reading's tokens count from the call's start), nothing new at 2 s, then
-    # 70 tokens at 4 s and at 6 s
-    assert [(t - start, e) for t, e in emitted] == [
-        (pytest.approx(4.0), ProgressReported(request_id="a", tokens=0, attempt=1, engine_level=True)),
-        (pytest.approx(6.0), ProgressReported(request_id="a", tokens=0, attempt=1, engine_level=True)),
+    engine = DecodingEngine(rate=60.0)
+    watcher.add("e1", engine, "a", 1, 100_000)  # type: ignore[arg-type]
+    await asyncio.sleep(5.0)
+    fast = 2.0 / FIRST_READINGS_SPEEDUP
+    assert engine.read_at == pytest.approx([0.0, fast, 2 * fast, 2 * fast + 2.0, 2 * fast + 4.0], abs=1e-5)
+    assert [(t - engine.start, e) for t, e in emitted] == [
+        (pytest.approx(t, abs=1e-5), engine_level("a")) for t in engine.read_at[1:]
     ]
     watcher.remove("a")
     await asyncio.sleep(4.0)
@@ -83,7 +119,7 @@ async def test_one_reading_per_poll_while_watched_and_progress_when_tokens_came(
 async def test_a_failed_reading_is_no_progress_and_the_next_one_counts_from_the_last_good_one() -> None:
     emitted: list[Any] = []
     loop = asyncio.get_running_loop()
-    watcher = EngineWatcher(emitted.append, loop.time, poll_s=1.0)
+    watcher = EngineWatcher(emitted.append, loop.time, poll_s=0.6)  # readings every 0.1 s (the rate unknown)
     engine = ScriptedEngine(
         [
             counter(0),
@@ -93,10 +129,10 @@ async def test_a_failed_reading_is_no_progress_and_the_next_one_counts_from_the_
         ]
     )
     watcher.add("e1", engine, "a", 3, None)  # type: ignore[arg-type]
-    await asyncio.sleep(2.5)
+    await asyncio.sleep(0.25)
     assert emitted == []
-    await asyncio.sleep(1.0)
-    assert emitted == [ProgressReported(request_id="a", tokens=0, attempt=3, engine_level=True)]
+    await asyncio.sleep(0.1)
+    assert emitted == [engine_level("a", attempt=3)]
     await watcher.close()
 
 
@@ -104,13 +140,13 @@ async def test_a_failed_reading_is_no_progress_and_the_next_one_counts_from_the_
 async def test_each_engine_is_polled_once_however_many_calls_it_holds() -> None:
     loop = asyncio.get_running_loop()
     emitted: list[Any] = []
-    watcher = EngineWatcher(emitted.append, loop.time, poll_s=1.0)
+    watcher = EngineWatcher(emitted.append, loop.time, poll_s=0.6)
     e1 = ScriptedEngine([counter(0, running=3), counter(30, running=3)])
     e2 = ScriptedEngine([counter(0), counter(0)])
     for rid in ("a", "b", "c"):
         watcher.add("e1", e1, rid, 1, None)  # type: ignore[arg-type]
     watcher.add("e2", e2, "d", 1, None)  # type: ignore[arg-type]
-    await asyncio.sleep(1.5)
+    await asyncio.sleep(0.15)
     assert len(e1.read_at) == len(e2.read_at) == 2
     assert sorted(e.request_id for e in emitted) == ["a", "b", "c"]  # e2 generated nothing
     await watcher.close()
@@ -118,36 +154,29 @@ async def test_each_engine_is_polled_once_however_many_calls_it_holds() -> None:
 
 @pytest.mark.looptime
 async def test_a_pause_read_at_once_places_the_cut_short_intervals_tokens_at_its_start() -> None:
-    """100 tokens/s for two polls, then the engine pauses 0.5 s into the third: a reading taken when the pause
-    is learned shows 50 tokens, which at the rate before took 0.5 s: the last one came at 4.5, not at the
-    reading (5.2) nor at the last poll (4.0)."""
+    """100 tokens/s, paused at 4.5 s, between two polls (2.67 and 4.67): the poll after it shows the
+    interval's 183 tokens, which at the rate before took 1.83 s: the last one came at 4.5, not at that poll.
+    Read again when the pause is learned (5.2), and at the next poll, the estimate stands."""
     loop = asyncio.get_running_loop()
     watcher = EngineWatcher(lambda _e: None, loop.time, poll_s=2.0)
-    engine = ScriptedEngine([counter(0), counter(200), counter(400), counter(450), counter(450)])
-    start = loop.time()
+    engine = DecodingEngine(rate=100.0, pause_at=4.5)
     watcher.add("e1", engine, "a", 1, 10_000)  # type: ignore[arg-type]
     await asyncio.sleep(5.2)
-    assert await watcher.output_at("e1") == pytest.approx(start + 4.5)
-    await asyncio.sleep(1.0)  # the next poll (6.0) shows nothing new: the estimate stands
-    assert await watcher.output_at("e1") == pytest.approx(start + 4.5)
+    assert await watcher.output_at("e1") == pytest.approx(engine.start + 4.5)
+    await asyncio.sleep(2.0)
+    assert await watcher.output_at("e1") == pytest.approx(engine.start + 4.5)
     assert await watcher.output_at("e9") is None  # nothing watched there
     await watcher.close()
 
 
 @pytest.mark.looptime
-async def test_in_the_first_interval_the_engines_own_rate_places_the_tokens() -> None:
-    """A pause 0.8 s into a call, before a second reading could measure a rate: SGLang's `gen_throughput`
-    (its last decode log's rate, kept while paused) places the 80 tokens of the cut-short interval."""
+async def test_before_a_whole_interval_the_engines_own_rate_places_the_tokens() -> None:
+    """Paused 0.2 s into the call, before a whole interval of decoding could give a rate: SGLang's
+    `gen_throughput` (its last decode log's rate, kept while paused) places the cut-short interval's tokens."""
     loop = asyncio.get_running_loop()
     watcher = EngineWatcher(lambda _e: None, loop.time, poll_s=2.0)
-    engine = ScriptedEngine(
-        [
-            EngineLoad(running=1, waiting=0, generated_tokens_total=0.0, gen_throughput=0.0),
-            EngineLoad(running=1, waiting=0, generated_tokens_total=80.0, gen_throughput=100.0),
-        ]
-    )
-    start = loop.time()
+    engine = DecodingEngine(rate=100.0, pause_at=0.2, reports_rate=True)
     watcher.add("e1", engine, "a", 1, 10_000)  # type: ignore[arg-type]
-    await asyncio.sleep(1.5)
-    assert await watcher.output_at("e1") == pytest.approx(start + 0.8)
+    await asyncio.sleep(1.0)
+    assert await watcher.output_at("e1") == pytest.approx(engine.start + 0.2)
     await watcher.close()

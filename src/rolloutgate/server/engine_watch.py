@@ -42,14 +42,15 @@ def tokens_between(earlier: EngineLoad | None, later: EngineLoad, elapsed_s: flo
 
 
 class _Readings:
-    """One engine's counter readings: the last one, and when its last counted token came."""
+    """One engine's counter readings: the last one, its decode rate, and when its last counted token came."""
 
-    __slots__ = ("last", "last_at", "lock", "output_at", "rate")
+    __slots__ = ("last", "last_at", "lock", "output_at", "progressing", "rate")
 
     def __init__(self, now: float) -> None:
         self.last: EngineLoad | None = None
         self.last_at = now
-        self.rate = 0.0  # tokens per second over the last interval that showed tokens
+        self.rate = 0.0  # tokens per second over the last whole interval of decoding; 0 until one was seen
+        self.progressing = False  # the last reading showed tokens: the next interval began with it decoding
         self.output_at: float | None = None  # the estimated moment of its last counted token
         self.lock = asyncio.Lock()  # the poll and a pause's reading (`output_at`) take turns
 
@@ -57,18 +58,28 @@ class _Readings:
         """Take a reading at `now`; the tokens generated since the last one.
 
         A reading only says how many tokens came in its interval, not when. When that interval was cut short
-        by a pause, they came at the start: at the rate of the interval before (in the first interval, the
-        rate the engine reports, SGLang's `gen_throughput`), they took `tokens / rate` of it, and the last one
-        came then, not at the reading (a pause's silence counts from there: core/events.py EnginePaused)."""
+        by a pause, they came at its start: at the rate of the last whole interval they took `tokens / rate`
+        of it, and the last one came then, not at the reading (a pause's silence counts from there:
+        core/events.py EnginePaused). A whole interval is one that began with the engine decoding (the
+        reading before showed tokens): one that began in a prefill or a pause would understate the rate.
+        Until one was seen, the rate the engine reports stands in (SGLang's `gen_throughput`), and the poll
+        reads more often (`EngineWatcher`)."""
         elapsed = now - self.last_at
         generated = tokens_between(self.last, load, elapsed)
         if generated > 0:
             rate = self.rate if self.rate > 0 else (load.gen_throughput or 0.0)
             busy_s = elapsed if rate <= 0 else min(elapsed, generated / rate)
             self.output_at = self.last_at + busy_s
-            self.rate = generated / elapsed if elapsed > 0 else 0.0
+            if self.progressing and elapsed > 0:
+                self.rate = generated / elapsed
+        self.progressing = generated > 0
         self.last, self.last_at = load, now
         return generated
+
+
+# While an engine's decode rate is not known yet, the poll reads this much more often: a pause in the first
+# poll interval of a call would otherwise be placed at the reading after it, up to a whole poll late.
+FIRST_READINGS_SPEEDUP = 6
 
 
 class EngineWatcher:
@@ -118,7 +129,8 @@ class EngineWatcher:
         try:
             while self.watch.is_watching(engine_id):
                 if not first:  # the first reading at once: the next one's tokens count from the start
-                    await asyncio.sleep(self._poll_s)
+                    known = readings.rate > 0
+                    await asyncio.sleep(self._poll_s if known else self._poll_s / FIRST_READINGS_SPEEDUP)
                     if not self.watch.is_watching(engine_id):
                         break  # its calls ended while it slept: no reading for nobody
                 first = False
