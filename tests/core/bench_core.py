@@ -26,7 +26,7 @@ def finish_cost(queued: int, sessions: int) -> float:
 
     def finishing(count: int) -> list[UpstreamFinished]:
         """`count` distinct running requests, past their prefill, round-robin over the engines."""
-        lists = [list(e.requests) for e in gw._engines.values()]
+        lists = [list(e.requests) for e in gw.inspect().engines.values()]
         rids = [rid for group in zip(*lists, strict=False) for rid in group][:count]
         for rid in rids:
             gw.handle(ProgressReported(request_id=rid), 1000.0)  # their prefill is over (not timed)
@@ -34,7 +34,7 @@ def finish_cost(queued: int, sessions: int) -> float:
 
     for ev in finishing(1000):  # warm-up: sessions park in their engines' lanes once (amortised here)
         gw.handle(ev, 1000.0)
-    while queued == 0 and len(gw._queue):  # keep the queue empty: drain the spare requests first
+    while queued == 0 and len(gw.inspect().queue):  # keep the queue empty: drain the spare requests first
         for ev in finishing(256):
             gw.handle(ev, 1000.0)
     best = float("inf")
@@ -44,7 +44,8 @@ def finish_cost(queued: int, sessions: int) -> float:
         t = timeit.timeit(
             lambda it=it: gw.handle(next(it), 1000.0), timer=time.process_time, number=len(events)
         )
-        assert all(ev.request_id not in gw._requests for ev in events)
+        requests = gw.inspect().requests
+        assert all(ev.request_id not in requests for ev in events)
         best = min(best, t / len(events))
     return best
 

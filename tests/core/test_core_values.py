@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -10,6 +11,7 @@ from rolloutgate.core.admission import EngineSlots
 from rolloutgate.core.config import GatewayCoreConfig
 from rolloutgate.core.events import EngineJoined, PauseMode
 from rolloutgate.core.gate import Gate
+from rolloutgate.core.ledger import TimerKind
 from rolloutgate.core.liveness import EngineLiveness
 from rolloutgate.core.placement import LeastOutstanding, SessionAffinity
 from rolloutgate.core.session_table import SessionTable
@@ -57,10 +59,11 @@ def test_reprs_summarise_state() -> None:
     h = Harness()
     h.send(EngineJoined(engine_id="e1", capacity=2))
     h.arrive("a", prompt_tokens=10)
-    engine = h.gw._engines["e1"]
+    view = h.gw.inspect()
+    engine = view.engines["e1"]
     assert repr(engine) == "<EngineRecord e1 healthy [1/2 in flight]>"
     assert repr(engine.slots) == "<EngineSlots [1/2 in flight, 10 prefill tokens]>"
-    assert repr(h.gw._requests["a"]) == "<RequestRecord a dispatched on e1 attempt=1>"
+    assert repr(view.requests["a"]) == "<RequestRecord a dispatched on e1 attempt=1>"
     assert "min stall 60.0s" in repr(engine.liveness)
     assert repr(EngineSlots(capacity=1)) == "<EngineSlots [0/1 in flight, 0 prefill tokens]>"
     assert repr(SessionTable(3)) == "<SessionTable [0/3 sessions]>"
@@ -68,5 +71,25 @@ def test_reprs_summarise_state() -> None:
     assert repr(TimerHeap()) == "<TimerHeap [0 live, next at inf]>"
     assert repr(LeastOutstanding()) == "<LeastOutstanding>"
     assert repr(SessionAffinity(3)) == "<SessionAffinity max_excess=3>"
-    assert repr(h.gw._dispatcher) == "<Dispatcher session_affinity [0 waiting]>"
+    assert view.dispatcher == "<Dispatcher session_affinity [0 waiting]>"
     assert repr(EngineLiveness(now=0.0)).startswith("<EngineLiveness silent since 0.000")
+
+
+def test_inspect_is_a_read_only_snapshot() -> None:
+    h = Harness()
+    h.send(EngineJoined(engine_id="e1", capacity=1))
+    h.arrive("a", prompt_tokens=10)
+    h.arrive("b", prompt_tokens=10, max_wall_s=30.0)  # waits: e1 is full
+    view = h.gw.inspect()
+    assert (list(view.requests), list(view.engines), view.queue.ids) == (["a", "b"], ["e1"], ("b",))
+    assert "b" in view.queue and "a" not in view.queue and len(view.queue) == 1
+    assert view.queue.ids_in_lane(None) == ("b",) and view.queue.ids_in_lane(("e1", True)) == ()
+    assert (TimerKind.WALL, "b") in view.timers and not view.is_gate_closed
+    with pytest.raises(TypeError):
+        view.requests["c"] = view.requests["a"]  # type: ignore[index]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        view.is_gate_closed = True  # type: ignore[misc]
+    h.finish("a")  # b starts; the view taken before does not change
+    assert list(view.requests) == ["a", "b"] and view.queue.ids == ("b",)
+    later = h.gw.inspect()
+    assert list(later.requests) == ["b"] and not later.queue.ids

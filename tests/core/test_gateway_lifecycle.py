@@ -206,7 +206,8 @@ def test_no_state_leaks_after_a_busy_run() -> None:
         )
     h.send(ClientDisconnected(request_id="r39"))
     for step in range(60):
-        running = [rid for rid in list(h.engine_of) if rid in h.gw._requests and h.gw._requests[rid].engine]
+        requests = h.gw.inspect().requests
+        running = [rid for rid in list(h.engine_of) if rid in requests and requests[rid].engine]
         h.advance(1.0, dict.fromkeys(running, 0.5))
         if running and step % 2 == 0:
             h.finish(running[0])

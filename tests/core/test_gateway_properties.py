@@ -115,7 +115,7 @@ class Checker:
         h, kind = self.h, step[0]
         if kind == "arrive":
             _, r, lim, tokens, key, prio, streaming, pinned = step
-            if r in h.gw._requests or r in self.arrived:
+            if r in h.gw.inspect().requests or r in self.arrived:
                 return
             self.arrived.add(r)
             self.limits[r] = lim
@@ -165,21 +165,22 @@ class Checker:
     def check(self, out: list[Any]) -> None:
         """Invariants after one core call (dispatches come last in a call, so the state now is theirs)."""
         gw = self.h.gw
+        view = gw.inspect()
         for c in out:
             if isinstance(c, Dispatch):
-                assert not gw._gate.is_closed, "dispatch while the gate is closed"
-                assert gw._engines[c.engine_id].is_schedulable, "dispatch to an engine that takes no work"
-                assert gw._requests[c.request_id].engine is gw._engines[c.engine_id]
+                assert not view.is_gate_closed, "dispatch while the gate is closed"
+                assert view.engines[c.engine_id].is_schedulable, "dispatch to an engine that takes no work"
+                assert view.requests[c.request_id].engine is view.engines[c.engine_id]
                 self.last_engine[c.request_id] = c.engine_id
             elif isinstance(c, Abort):
                 assert self.last_engine[c.request_id] == c.engine_id
             elif isinstance(c, (Complete, Fail)):
                 self.ended[c.request_id] += 1
                 assert self.ended[c.request_id] == 1, f"{c.request_id} ended twice"
-                assert c.request_id not in gw._requests
+                assert c.request_id not in view.requests
                 if c.request_id in self.limits:
                     self.check_timing(c.timing, self.limits[c.request_id])
-        for e in gw._engines.values():
+        for e in view.engines.values():
             assert e.slots.in_flight == len(e.requests)
             if self.mode is ClockMode.ENGINE:
                 assert e.slots.in_flight <= e.slots.capacity
@@ -189,9 +190,9 @@ class Checker:
             assert e.meter.large_prefills == sum(r.is_large_prefill for r in e.requests.values())
             assert e.liveness.large_prefill_tokens >= 0
         now = self.h.now
-        for r in gw._requests.values():
+        for r in view.requests.values():
             self.check_timing(gw.timing(r.request_id, now), r.limits)
-            assert (r.engine is None) == (r.request_id in gw._queue)
+            assert (r.engine is None) == (r.request_id in view.queue)
 
     def check_timing(self, t: TimingBreakdown, lim: RequestLimits) -> None:
         assert min(t.queue_s, t.paused_s, t.contention_s, t.charged_s, t.dispatched_s) >= -EPS
@@ -212,11 +213,11 @@ class Checker:
             self.apply(("health", e, True))
             self.apply(("resume", e))
         for _ in range(300):
-            if not h.gw._requests:
+            if not h.gw.inspect().requests:
                 break
             for e in ENGINES:
                 self.apply(("health", e, True))
-            for r in [r for r in list(h.gw._requests.values()) if r.engine is not None]:
+            for r in [r for r in h.gw.inspect().requests.values() if r.engine is not None]:
                 self.apply(("finish", r.request_id))
             self.apply(("advance", 7.0, []))
         h.next_deadline()  # a deferring harness recomputes the deadlines its last events moved (none are left)

@@ -81,7 +81,7 @@ def test_a_cold_prompt_spares_the_decodes_that_already_sat_through_long_prefills
     h.advance(35.0)
     h.progress("x0")  # d1 sat through x0's prefill; d2 was never held
     h.finish("x0")
-    engines = {e.engine_id: e for e in h.gw._engines.values()}
+    engines = dict(h.gw.inspect().engines)
     assert (engines["e1"].decode_weight, engines["e2"].decode_weight) == (2, 1)
     h.arrive("x1", prompt_tokens=LONG)  # one decode on each engine: it goes where it was held least
     assert dispatched(h)[-1] == ("x1", "e2")
@@ -131,7 +131,7 @@ def test_a_rest_ends_early_once_nobody_decodes_there() -> None:
     h.advance(5.0)
     h.finish("x0")  # nobody decodes: resting helps nobody, the next prefill starts
     assert dispatched(h)[-1] == ("x1", "e1") and not h.gw.stats().engines[0].is_resting
-    assert (TimerKind.REST, "e1") not in h.gw._timers  # and its timer is gone
+    assert (TimerKind.REST, "e1") not in h.gw.inspect().timers  # and its timer is gone
 
 
 def test_a_prompt_larger_than_the_budget_runs_alone_and_never_starves() -> None:
@@ -148,11 +148,8 @@ def test_a_prompt_larger_than_the_budget_runs_alone_and_never_starves() -> None:
         for d in h.commands(Dispatch):
             started.setdefault(d.request_id, h.now - t0)
         for r, at in sorted(started.items(), key=lambda kv: kv[1]):
-            if (
-                h.now - t0 >= at + prefill_s.get(r, 1.0)
-                and r in h.gw._requests
-                and h.gw._requests[r].is_in_prefill
-            ):
+            requests = h.gw.inspect().requests
+            if h.now - t0 >= at + prefill_s.get(r, 1.0) and r in requests and requests[r].is_in_prefill:
                 h.progress(r)
         h.advance(1.0)
         for d in h.commands(Dispatch):

@@ -48,22 +48,23 @@ class PrefillChecker(Checker):
 
     def check(self, out: list[Any]) -> None:
         super().check(out)
-        gw = self.h.gw
-        for e in gw._engines.values():
+        view = self.h.gw.inspect()
+        for e in view.engines.values():
             slots = e.slots
             in_prefill = [r for r in e.requests.values() if r.is_in_prefill]
             assert slots.prefilling == len(in_prefill)
             assert slots.budget_tokens == sum(
                 r.uncached_tokens for r in in_prefill if r.uncached_tokens >= 4096
             )
-            assert slots.is_resting == ((TimerKind.REST, e.engine_id) in gw._timers)
+            assert slots.is_resting == ((TimerKind.REST, e.engine_id) in view.timers)
             assert not slots.is_resting or slots.budget_tokens == 0  # no long prefill starts during a rest
             if slots.is_resting:
                 event("an engine rested")
-            if gw._queue.lane_weight((e.engine_id, False)):
+            if view.queue.lane_weight((e.engine_id, False)):
                 event("a prompt waited for an engine's budget")
-            waiting = [gw._queue.weight_of(rid) for rid in gw._queue.ids_in_lane((e.engine_id, False))]
-            waiting += [gw._queue.weight_of(rid) for rid in gw._queue.ids_in_lane((e.engine_id, True))]
+            queue = view.queue
+            waiting = [queue.weight_of(rid) for rid in queue.ids_in_lane((e.engine_id, False))]
+            waiting += [queue.weight_of(rid) for rid in queue.ids_in_lane((e.engine_id, True))]
             assert e.backlog_tokens == slots.prefill_tokens + slots.rest_tokens + sum(waiting)
             assert e.endured_prefills == sum(r.prefills_endured for r in e.requests.values())
             assert all(r.prefills_endured == 0 for r in in_prefill)  # only decodes sit through prefills

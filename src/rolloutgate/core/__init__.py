@@ -9,7 +9,11 @@ exactly and fast on a `ManualClock`.
 Module map:
     events, commands, timing, clock   the contract with the edges
     config, stats                     settings in, observations out (frozen values)
-    gateway, ledger                   the state machine: handlers and verdicts over shared bookkeeping
+    gateway                           the state machine's API: events to their handlers, timers to verdicts
+    ledger                            the state, and the bookkeeping every handler and verdict shares
+    on_requests, on_engines, on_gate  the event handlers: requests, engines, the gate and weight updates
+    verdicts                          the timers: when each deadline is, and what happens when it passes
+    view                              `Gateway.inspect()`: the state, read-only, for tests and debugging
     request_clock                     the one home of budget arithmetic (charged, queue, paused, contention)
     wait_queue, dispatcher            who waits where, what starts next (O(log n) per decision)
     admission, session_table          per-engine slots, prefill budget and rest; where each session's prefix lives

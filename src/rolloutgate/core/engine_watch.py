@@ -14,7 +14,7 @@ the watched ones). While a call's credit stays within what it may generate (`cre
 with tokens reports progress for it. A call credited with more than twice its `max_new_tokens` (plus a
 margin for its prefill) has had time to finish twice over: it gets no more progress, so the core's
 stuck-alone rule catches it `stall_timeout` of charged time later while the engine keeps progressing for
-others (core/gateway.py `_judge`). A frozen engine shows no tokens: none of its calls gets progress, and the
+others (core/verdicts.py `_judge`). A frozen engine shows no tokens: none of its calls gets progress, and the
 engine's liveness catches it `stall_timeout` (+ its pause check) after the last reading that showed tokens,
 so at most one poll interval later than per-token watching would (core/liveness.py).
 

@@ -97,7 +97,7 @@ class RequestRecord:
         self.fault_attempts = 1
         self.stuck_count = 0
         self.prefill_losses = (
-            0  # engines that dropped it before its first token (gateway.py, poison requests)
+            0  # engines that dropped it before its first token (on_requests.py, poison requests)
         )
         self.tokens = 0
         self.delivered_tokens = 0

@@ -63,6 +63,10 @@ class TimerHeap(Generic[K]):
         entry = self._live.get(key)
         return math.inf if entry is None else entry[1]
 
+    def deadlines(self) -> dict[K, float]:
+        """Every live key with its deadline (a copy). O(live timers): for inspection, not the hot path."""
+        return {key: at for key, (_, at) in self._live.items()}
+
     def next_at(self) -> float:
         """The earliest live deadline, or math.inf."""
         heap = self._heap
