@@ -202,10 +202,13 @@ def sglang_version(url: str) -> str:
     return str(httpx.get(url + "/server_info", timeout=30.0).json().get("version", ""))
 
 
-def start_extra_engine(engines: EngineSet, log_dir: Path, name: str) -> tuple[ManagedProcess, str]:
+def start_extra_engine(
+    engines: EngineSet, log_dir: Path, name: str, *, port: int | None = None
+) -> tuple[ManagedProcess, str]:
     """One more engine of the session's kind, owned by the caller (a test that kills it): a real SGLang
     launched as scripts/e2e_sglang_run.sh launches its engines (keep the two in step), or a one-engine
-    simulator. Returns the process (its group holds the whole engine) and the engine's URL once healthy."""
+    simulator. Returns the process (its group holds the whole engine) and the engine's URL once healthy.
+    `port`: a real engine's port (a restart on the one it had), else one the OS gives."""
     if engines.backend in ("sim", "sim-sglang"):
         process, one = start_sim(
             log_dir, engines=1, max_num_seqs=engines.max_num_seqs, time_scale=3.0, api=engines.api, name=name
@@ -214,7 +217,7 @@ def start_extra_engine(engines: EngineSet, log_dir: Path, name: str) -> tuple[Ma
     if engines.backend != "sglang":
         raise NotImplementedError(f"no extra engine for backend {engines.backend!r}")
     python, model = os.environ["E2E_ENGINE_PYTHON"], os.environ["E2E_MODEL_DIR"]
-    port = free_port()
+    port = port or free_port()
     work = log_dir / name
     for sub in ("tmp", "cache"):
         (work / sub).mkdir(parents=True, exist_ok=True)

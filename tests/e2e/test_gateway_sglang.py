@@ -17,12 +17,14 @@ import pytest
 from tests.e2e.conftest import MakeGateway
 from tests.e2e.harness import EngineSet, pause_engine, resume_engine, scrape, scrape_all, wait_for
 from tests.e2e.sglang_facts import facts_for
+from tests.server.users_path import final_timing, metric_sum
 
 pytestmark = [pytest.mark.e2e, pytest.mark.api("sglang")]
 
 PROMPT_IDS = [10, 20, 30, 40, 50]  # inside the tiny model's vocabulary (2,048 ids)
 LONG = 7000  # ~25 s alone on real 0.5.9 here: outlasts what a test waits for, and is aborted
 TOKENS = 600  # a few seconds
+PAUSED_CALL_TOKENS = 3_000  # ~11 s alone on real 0.5.9 here
 PAUSE_S = 3.0
 SETTLE_S = 0.5
 
@@ -157,6 +159,38 @@ async def test_engine_paused_directly_holds_the_gateway_call_until_continue(
     check_tito(answer, TOKENS * 4)
     assert answer["meta_info"][facts.retractions_key] == (1 if mode == "retract" else 0)
     print(f"{mode}: paused {paused_s:.1f} s; meta_info {answer['meta_info'].get('e2e_latency')}")
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize(("mode", "pause_s"), [("in_place", 30.0), ("retract", 120.0)])
+async def test_a_pause_driven_on_the_engine_is_not_charged(
+    engines: EngineSet, gateways: MakeGateway, mode: str, pause_s: float
+) -> None:
+    """Issue 32's goal on the real engine: a 3,000-token logprob call answered whole (progress only in the
+    engine's token counter, read every 3 s at the default stall timeout) is paused on the engine for 30 s in
+    place or 120 s by retraction, nobody telling the gateway (0.5.9 has no `/ready`: the gateway sees the
+    pause in its hanging `/health`). Charged: within 1 s of the engine's own work on the call (SGLang's
+    `e2e_latency` less the pause); no engine quarantined."""
+    gateway = gateways()
+    task = await running_call(gateway.url, PAUSED_CALL_TOKENS, stream=False)
+    url = await busy_engine(engines)
+    async with httpx.AsyncClient(timeout=60.0) as trainer:
+        assert (await pause_engine(trainer, engines, url, mode)).status_code == 200
+        paused_at = time.monotonic()
+        try:
+            await asyncio.sleep(pause_s)
+        finally:
+            await resume_engine(trainer, engines, url)
+        paused_s = time.monotonic() - paused_at
+        response = await asyncio.wait_for(task, 300.0)
+        metrics = (await trainer.get(gateway.url + "/metrics")).text
+    answer = answer_of(response, False)
+    check_tito(answer, PAUSED_CALL_TOKENS)
+    timing = final_timing(response)  # in the body: keep-alive sent the headers long before
+    engine_work_s = answer["meta_info"]["e2e_latency"] - paused_s
+    print(f"{mode} {pause_s:.0f} s: engine work {engine_work_s:.2f} s, gateway {timing}")
+    assert abs(timing["charged"] - engine_work_s) <= 1.0, (engine_work_s, paused_s, timing)
+    assert metric_sum(metrics, "rolloutgate_engine_quarantines_total") == 0
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
