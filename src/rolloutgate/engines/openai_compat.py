@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import aiohttp
 import orjson
 
+from rolloutgate.engines.adapter import EngineAdapter
 from rolloutgate.engines.base import (
-    AssemblyHint,
     EngineFamily,
     EngineInfo,
     EngineLoad,
@@ -27,31 +26,18 @@ from rolloutgate.engines.base import (
     UpstreamError,
 )
 from rolloutgate.engines.generation import EndSink, EventSink, OpenAIDecoder, UpstreamHandle, refuse
-from rolloutgate.engines.http import ControlTimeouts, fetch_models, generates_one, is_ok, post_json
+from rolloutgate.engines.http import fetch_models, generates_one, is_ok
 from rolloutgate.engines.openai_stream import client_wants_usage, generate_unsupported, upstream_body
 from rolloutgate.engines.push_call import start_generation
-from rolloutgate.engines.upstream import UpstreamPool
 
 __all__ = ("OpenAICompatClient",)
 
 
-class OpenAICompatClient:
+class OpenAICompatClient(EngineAdapter):
     """One generic OpenAI-compatible server. Holds no request state."""
 
     family = EngineFamily.OPENAI
     reports_load = False  # no load endpoint: every call streams, its events are its progress
-
-    def __init__(
-        self, url: str, session: aiohttp.ClientSession, *, timeouts: ControlTimeouts | None = None
-    ) -> None:
-        self.url = url.rstrip("/")
-        self._session = session
-        self._upstream = UpstreamPool(self.url)  # generations; everything else goes through `session`
-        self._timeouts = timeouts or ControlTimeouts()
-        self._hint = AssemblyHint(family=EngineFamily.OPENAI)
-
-    def __repr__(self) -> str:
-        return f"<OpenAICompatClient {self.url}>"
 
     def start(self, call: UpstreamCall, on_events: EventSink, on_end: EndSink) -> UpstreamHandle:
         if call.route is Route.GENERATE:
@@ -115,13 +101,3 @@ class OpenAICompatClient:
         raise UpstreamError(
             "a generic OpenAI-compatible engine has no pause API", retryable=False, status=501
         )
-
-    async def update_weights(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        answer = await post_json(
-            self._session,
-            self.url + "/" + path.lstrip("/"),
-            body,
-            limits=self._timeouts.control(self._timeouts.weights_s),
-            what=path,
-        )
-        return answer if isinstance(answer, dict) else {"answer": answer}

@@ -32,6 +32,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from rolloutgate.engines.adapter import EngineAdapter
 from rolloutgate.engines.base import (
     AssemblyHint,
     EngineFamily,
@@ -61,13 +62,11 @@ from rolloutgate.engines.http import (
     is_ok,
     parse_prometheus,
     positive_int,
-    post_json,
     status_of,
     vocab_size_of,
 )
 from rolloutgate.engines.openai_stream import client_wants_usage, upstream_body
 from rolloutgate.engines.push_call import start_generation
-from rolloutgate.engines.upstream import UpstreamPool
 
 __all__ = ("SglangClient", "aborted_in_queue", "decode_tokens")
 
@@ -110,7 +109,7 @@ def aborted_in_queue(body: dict[str, Any], request_id: str) -> bytes:
     return orjson.dumps({"text": "", "output_ids": [], "meta_info": meta})
 
 
-class SglangClient:
+class SglangClient(EngineAdapter):
     """One SGLang engine. Holds no request state; `probe()` refreshes the facts assembly needs."""
 
     family = EngineFamily.SGLANG
@@ -119,15 +118,8 @@ class SglangClient:
     def __init__(
         self, url: str, session: aiohttp.ClientSession, *, timeouts: ControlTimeouts | None = None
     ) -> None:
-        self.url = url.rstrip("/")
-        self._session = session
-        self._upstream = UpstreamPool(self.url)  # generations; everything else goes through `session`
-        self._timeouts = timeouts or ControlTimeouts()
-        self._hint = AssemblyHint(family=EngineFamily.SGLANG)
+        super().__init__(url, session, timeouts=timeouts)
         self._counter_in_metrics: bool | None = None  # unknown until the first load reading
-
-    def __repr__(self) -> str:
-        return f"<SglangClient {self.url}>"
 
     # -- generation ------------------------------------------------------------------------------------
 
@@ -161,12 +153,8 @@ class SglangClient:
 
     async def abort(self, request_id: str) -> None:
         try:
-            await post_json(
-                self._session,
-                self.url + "/abort_request",
-                {"rid": request_id},
-                limits=self._timeouts.control(self._timeouts.abort_s),
-                what="abort",
+            await self.control(
+                "/abort_request", {"rid": request_id}, timeout_s=self._timeouts.abort_s, what="abort"
             )
         except UpstreamError as error:
             log.info("abort of %s on %s failed: %s", request_id, self.url, error.message)
@@ -345,32 +333,12 @@ class SglangClient:
             return  # SGLang cannot drain: the gateway stops dispatching and waits for in-flight work
         if mode not in _PAUSE_MODES:
             raise ValueError(f"unknown pause mode {mode!r}; expected abort, drain, retract or in_place")
-        await post_json(
-            self._session,
-            self.url + "/pause_generation",
-            {"mode": _PAUSE_MODES[mode]},
-            limits=self._timeouts.control(self._timeouts.pause_s),
-            what="pause_generation",
+        await self.control(
+            "/pause_generation", {"mode": _PAUSE_MODES[mode]}, timeout_s=self._timeouts.pause_s
         )
 
     async def resume(self) -> None:
-        await post_json(
-            self._session,
-            self.url + "/continue_generation",
-            {},
-            limits=self._timeouts.control(self._timeouts.pause_s),
-            what="continue_generation",
-        )
-
-    async def update_weights(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        answer = await post_json(
-            self._session,
-            self.url + "/" + path.lstrip("/"),
-            body,
-            limits=self._timeouts.control(self._timeouts.weights_s),
-            what=path,
-        )
-        return answer if isinstance(answer, dict) else {"answer": answer}
+        await self.control("/continue_generation", {}, timeout_s=self._timeouts.pause_s)
 
 
 # A non-streaming client's `/generate` is streamed at this interval: SGLang then emits the first token (which

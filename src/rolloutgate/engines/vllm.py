@@ -23,11 +23,10 @@ import logging
 import re
 from typing import Any
 
-import aiohttp
 import orjson
 
+from rolloutgate.engines.adapter import EngineAdapter
 from rolloutgate.engines.base import (
-    AssemblyHint,
     EngineFamily,
     EngineInfo,
     EngineLoad,
@@ -38,7 +37,6 @@ from rolloutgate.engines.base import (
 )
 from rolloutgate.engines.generation import EndSink, EventSink, OpenAIDecoder, UpstreamHandle, refuse
 from rolloutgate.engines.http import (
-    ControlTimeouts,
     fetch_models,
     generates_one,
     get_json,
@@ -46,11 +44,9 @@ from rolloutgate.engines.http import (
     is_ok,
     parse_prometheus,
     positive_int,
-    post_json,
 )
 from rolloutgate.engines.openai_stream import client_wants_usage, generate_unsupported, upstream_body
 from rolloutgate.engines.push_call import start_generation
-from rolloutgate.engines.upstream import UpstreamPool
 
 __all__ = ("VllmClient", "vllm_capacity")
 
@@ -70,23 +66,11 @@ _METRICS = frozenset(
 _MAX_NUM_SEQS = re.compile(r"max_num_seqs['\"]?\s*[=:]\s*(\d+)")
 
 
-class VllmClient:
+class VllmClient(EngineAdapter):
     """One vLLM engine. Holds no request state."""
 
     family = EngineFamily.VLLM
     reports_load = True  # /metrics' token counter: engine-level progress
-
-    def __init__(
-        self, url: str, session: aiohttp.ClientSession, *, timeouts: ControlTimeouts | None = None
-    ) -> None:
-        self.url = url.rstrip("/")
-        self._session = session
-        self._upstream = UpstreamPool(self.url)  # generations; everything else goes through `session`
-        self._timeouts = timeouts or ControlTimeouts()
-        self._hint = AssemblyHint(family=EngineFamily.VLLM)
-
-    def __repr__(self) -> str:
-        return f"<VllmClient {self.url}>"
 
     def start(self, call: UpstreamCall, on_events: EventSink, on_end: EndSink) -> UpstreamHandle:
         if call.route is Route.GENERATE:
@@ -105,13 +89,7 @@ class VllmClient:
     async def abort(self, request_id: str) -> None:
         ids = [request_id, f"chatcmpl-{request_id}", f"cmpl-{request_id}"]
         try:
-            await post_json(
-                self._session,
-                self.url + "/abort_requests",
-                {"request_ids": ids},
-                limits=self._timeouts.control(self._timeouts.abort_s),
-                what="abort_requests",
-            )
+            await self.control("/abort_requests", {"request_ids": ids}, timeout_s=self._timeouts.abort_s)
         except UpstreamError as error:
             # without dev mode there is no such route; the closed connection has aborted the request
             log.debug("abort of %s on %s: %s", request_id, self.url, error.message)
@@ -182,33 +160,12 @@ class VllmClient:
     async def pause(self, mode: str) -> None:
         if mode not in _PAUSE_MODES:
             raise ValueError(f"unknown pause mode {mode!r}; expected abort, drain, retract or in_place")
-        await post_json(
-            self._session,
-            self.url + "/pause",
-            None,
-            params={"mode": _PAUSE_MODES[mode]},
-            limits=self._timeouts.control(self._timeouts.pause_s),
-            what="pause",
+        await self.control(
+            "/pause", None, timeout_s=self._timeouts.pause_s, params={"mode": _PAUSE_MODES[mode]}
         )
 
     async def resume(self) -> None:
-        await post_json(
-            self._session,
-            self.url + "/resume",
-            None,
-            limits=self._timeouts.control(self._timeouts.pause_s),
-            what="resume",
-        )
-
-    async def update_weights(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        answer = await post_json(
-            self._session,
-            self.url + "/" + path.lstrip("/"),
-            body,
-            limits=self._timeouts.control(self._timeouts.weights_s),
-            what=path,
-        )
-        return answer if isinstance(answer, dict) else {"answer": answer}
+        await self.control("/resume", None, timeout_s=self._timeouts.pause_s)
 
 
 def vllm_capacity(info: Any) -> int | None:
