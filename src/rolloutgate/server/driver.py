@@ -311,7 +311,7 @@ class Driver:
             exchange.upstream_error = error
         if (
             error.lost
-        ):  # the request's id in the log: the suspects when an engine died prefilling (core/gateway.py)
+        ):  # the request's id in the log: the suspects when an engine died prefilling (core/on_requests.py)
             self.metrics.calls_lost.labels(engine=exchange.engine_id or "").inc()
             log.warning(
                 "engine %s dropped request %s (attempt %d): %s",
