@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from rolloutgate.sessions.testing import build_tiny_tokenizer
 from tests.reliability.conftest import Proc, add_figure, spawn_gateway
 from tests.server.conftest import MakeCluster, MakeGateway
+from tests.sessions.fixtures import build_tiny_tokenizer
 
 pytestmark = pytest.mark.reliability
 

@@ -25,9 +25,9 @@ import pytest
 from safetensors.numpy import load
 
 from benchmarks.perf.rl_shape.plan import request_body
-from rolloutgate.sessions.testing import build_tiny_tokenizer
 from tests.server.conftest import MakeCluster, MakeGateway
 from tests.server.users_path import final_timing, quarantines
+from tests.sessions.fixtures import build_tiny_tokenizer
 from tests.sim.helpers import wait_until
 
 SCALE = 20.0

@@ -22,9 +22,9 @@ from rolloutgate.config import EngineSpec
 from rolloutgate.server.app import GatewayServer
 from rolloutgate.sessions.render import ChatRenderer
 from rolloutgate.sessions.service import SessionCall, SessionService
-from rolloutgate.sessions.testing import WEATHER_TOOL, ScriptedGenerate, build_tiny_tokenizer
 from tests.engines.fakes import FakeEngine, json_reply, sse_reply
 from tests.server.conftest import MakeGateway
+from tests.sessions.fixtures import WEATHER_TOOL, ScriptedGenerate, build_tiny_tokenizer
 from tests.sim.helpers import wait_until
 
 TOOL_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -34,7 +34,7 @@ REPLIES = [TOOL_CALL, "It is sunny and 21 degrees.", "Bye."] * 3
 
 @dataclass
 class ScriptedEngine:
-    """`ScriptedGenerate` (sessions/testing.py) served as an SGLang engine with `/generate` and `/health` only
+    """`ScriptedGenerate` (tests/sessions/fixtures.py) served as an SGLang engine with `/generate` and `/health` only
     (admitted with defaults: docs/gateway.md, "Engines as they come"). A test holds its generations at `gate`
     or has them answer `fail` (status, body)."""
 

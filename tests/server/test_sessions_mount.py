@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
-from rolloutgate.sessions.testing import build_tiny_tokenizer
 from tests.server.conftest import MakeCluster, MakeGateway
+from tests.sessions.fixtures import build_tiny_tokenizer
 
 
 @pytest.mark.parametrize("api", ["sglang", "vllm"])

@@ -17,9 +17,9 @@ from safetensors.numpy import load
 
 from rolloutgate.config import EngineSpec
 from rolloutgate.server.app import GatewayServer
-from rolloutgate.sessions.testing import build_tiny_tokenizer
 from tests.server.conftest import MakeCluster, MakeGateway
 from tests.server.engine_tap import EngineTap
+from tests.sessions.fixtures import build_tiny_tokenizer
 
 MAX_TOKENS = 12
 

@@ -14,8 +14,8 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rolloutgate.sessions.testing import build_tiny_tokenizer
 from tests.server.conftest import MakeCluster, MakeGateway
+from tests.sessions.fixtures import build_tiny_tokenizer
 
 HEADER = "X-Rolloutgate-Max-Seq-Len"
 

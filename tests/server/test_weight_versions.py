@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from rolloutgate.sessions.testing import build_tiny_tokenizer
 from rolloutgate.sim import SimCluster
 from tests.server.conftest import MakeCluster, MakeGateway
 from tests.server.test_sessions_samples import decode
+from tests.sessions.fixtures import build_tiny_tokenizer
 from tests.sim.helpers import wait_until
 
 pytestmark = pytest.mark.looptime

@@ -10,7 +10,7 @@ import pytest
 from rolloutgate.sessions.messages import message_key, tools_key
 from rolloutgate.sessions.record import TurnRecord, ids_array, logprob_array
 from rolloutgate.sessions.render import ChatRenderer
-from rolloutgate.sessions.testing import build_tiny_tokenizer
+from tests.sessions.fixtures import build_tiny_tokenizer
 
 
 @pytest.fixture(scope="session")

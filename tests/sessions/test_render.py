@@ -10,7 +10,7 @@ import pytest
 
 from rolloutgate.sessions.errors import ChatTemplateError
 from rolloutgate.sessions.render import ChatRenderer, Checkpoint, as_sglang_tools, close_overlap
-from rolloutgate.sessions.testing import WEATHER_TOOL, build_tiny_tokenizer
+from tests.sessions.fixtures import WEATHER_TOOL, build_tiny_tokenizer
 
 
 def test_the_tiny_tokenizer_is_built_deterministically(tmp_path: Path, tokenizer_dir: Path) -> None:

@@ -25,7 +25,7 @@ from rolloutgate.sessions.errors import (
 from rolloutgate.sessions.registry import SessionLimits, SessionRegistry
 from rolloutgate.sessions.render import ChatRenderer
 from rolloutgate.sessions.service import SessionAnswer, SessionCall, SessionService, SessionSettings
-from rolloutgate.sessions.testing import WEATHER_TOOL, ScriptedGenerate, scripted_logprob
+from tests.sessions.fixtures import WEATHER_TOOL, ScriptedGenerate, scripted_logprob
 
 TOOL_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s"}}\n</tool_call>'
 

@@ -13,7 +13,7 @@ from rolloutgate.sessions import tito
 from rolloutgate.sessions.errors import EngineAnswerInvalid, UnsupportedInSession
 from rolloutgate.sessions.record import engine_meta_of
 from rolloutgate.sessions.render import ChatRenderer
-from rolloutgate.sessions.testing import WEATHER_TOOL, generate_answer, scripted_logprob
+from tests.sessions.fixtures import WEATHER_TOOL, generate_answer, scripted_logprob
 
 USER = [{"role": "user", "content": "hi"}]
 

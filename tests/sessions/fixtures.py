@@ -1,4 +1,4 @@
-"""Test helpers: a tiny tokenizer folder built offline, and a scripted SGLang `/generate` dispatcher.
+"""Test fixtures (not in the package): a tiny tokenizer folder built offline, and a scripted SGLang `/generate` dispatcher.
 
 `build_tiny_tokenizer(folder)` trains a byte-level BPE (the `tokenizers` library) on built-in text and writes
 a Hugging Face tokenizer folder: `tokenizer.json`, and `tokenizer_config.json` with a ChatML chat template that
