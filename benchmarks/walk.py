@@ -1,7 +1,7 @@
 """How far one request walks through the gateway's code (docs/DESIGN.md, "Three walks").
 
 Starts a simulated SGLang engine and a gateway in this process, sends each walk once to warm up, then again
-under a profile hook that records every call into a rolloutgate function outside the simulator: the distinct
+under a profile hook that records every call into a rolloutgate function (the simulator is the sibling package rolloutsim): the distinct
 functions ("stays"), the files they live in ("rooms") and the calls made. The package's compiled modules are
 bypassed (their calls are invisible to a profile hook), so the interpreted code is what is counted.
 
@@ -46,11 +46,10 @@ import httpx  # noqa: E402
 import rolloutgate  # noqa: E402
 from rolloutgate.config import EngineSpec, GatewaySettings  # noqa: E402
 from rolloutgate.server.app import GatewayServer  # noqa: E402
-from rolloutgate.sim import SimCluster  # noqa: E402
+from rolloutsim import SimCluster  # noqa: E402
 
 assert rolloutgate.__file__ is not None
 PACKAGE = Path(rolloutgate.__file__).parent
-SKIPPED = (PACKAGE / "sim",)  # the engine, not the gateway
 
 
 class Walk:
@@ -63,7 +62,9 @@ class Walk:
         if event != "call":
             return
         path = Path(frame.f_code.co_filename)
-        if PACKAGE not in path.parents or any(s in path.parents for s in SKIPPED):
+        if (
+            PACKAGE not in path.parents
+        ):  # the simulator (rolloutsim, beside it) is the engine, not the gateway
             return
         key = (str(path.relative_to(PACKAGE.parent)), frame.f_code.co_qualname)
         self.calls[key] = self.calls.get(key, 0) + 1

@@ -35,12 +35,17 @@ ENGINE_PYTHON=$SGLANG_VENV/bin/python
 
 # The launch command the suite's own extra engine uses too (tests/e2e/harness.py start_extra_engine): keep
 # both in step. Flags from reference/real-sglang.md; --served-model-name so both backends serve "tiny".
+# SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE=0: 0.5.9's idle self-check (on by default) once found the KV of two
+# calls just held through an in_place pause "leaked" and exited the engine, failing every later test on it
+# (CI, 2026-12-06: test_sglang_contract.py's in_place pause, 1 run of 3); with 0 it logs the same warning and
+# serves on. docs/e2e.md states it.
 start_engine() {  # index port cpu
     local i=$1 port=$2 cpu=$3 dir=$WORK/engine-$1
     mkdir -p "$dir/tmp" "$dir/cache"
     (
         cd "$dir"
         env HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DO_NOT_TRACK=1 SGLANG_USE_CPU_ENGINE=1 \
+            SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE=0 \
             OMP_NUM_THREADS=1 TMPDIR="$dir/tmp" XDG_CACHE_HOME="$dir/cache" \
             setsid nice -n "$ENGINE_NICE" taskset -c "$cpu" "$ENGINE_PYTHON" -m sglang.launch_server \
             --model-path "$MODEL" --served-model-name tiny --host 127.0.0.1 --port "$port" \

@@ -88,9 +88,8 @@ def test_the_benchmark_checker_catches_a_lazy_import_and_a_named_module(tmp_path
 # composes them; fleet/, cli and top/ sit above that). sessions/ is pure: the edge gives it HTTP.
 ABOVE = ("rolloutgate.server", "rolloutgate.fleet", "rolloutgate.cli", "rolloutgate.top")
 LAYER_RULES: dict[str, tuple[str, ...]] = {
-    "engines": (*ABOVE, "rolloutgate.sessions", "rolloutgate.sim", "aiohttp.web"),
-    "sessions": (*ABOVE, "rolloutgate.engines", "rolloutgate.sim", "aiohttp"),
-    "sim": (*ABOVE, "rolloutgate.engines", "rolloutgate.sessions", "rolloutgate.core"),
+    "engines": (*ABOVE, "rolloutgate.sessions", "rolloutsim", "aiohttp.web"),
+    "sessions": (*ABOVE, "rolloutgate.engines", "rolloutsim", "aiohttp"),
 }
 LAYERED_FILES = [(part, path) for part in LAYER_RULES for path in sorted((PACKAGE / part).rglob("*.py"))]
 
@@ -114,3 +113,37 @@ def test_the_layer_rules_cover_real_parts() -> None:
     assert all((PACKAGE / part).is_dir() for part in LAYER_RULES)
     assert not _is_within("rolloutgate.serverless", "rolloutgate.server")
     assert _is_within("aiohttp.web", "aiohttp") and _is_within("rolloutgate.server.app", "rolloutgate.server")
+
+
+# The simulator is a sibling package (src/rolloutsim): it takes from rolloutgate only two leaf modules (the loop
+# clock, and the vocabulary of a model folder), and the product imports it only where it runs engines on
+# purpose: `serve --sim` (server/app.py), the `sim` subcommand (cli.py) and the incident replay (replay/).
+SIM = PACKAGE.parent / "rolloutsim"
+SIM_MAY_IMPORT = ("rolloutgate.runtime_clock", "rolloutgate.vocabulary")
+SIM_IMPORTERS = {PACKAGE / "cli.py", PACKAGE / "server" / "app.py", *(PACKAGE / "replay").rglob("*.py")}
+
+
+@pytest.mark.parametrize("path", sorted(SIM.rglob("*.py")), ids=lambda p: str(p.relative_to(SIM)))
+def test_the_simulator_takes_only_leaf_modules_of_the_gateway(path: Path) -> None:
+    for module in named_modules(path) + imported_modules(path):
+        if _is_within(module, "rolloutgate"):
+            assert any(_is_within(module, allowed) for allowed in SIM_MAY_IMPORT), (
+                f"rolloutsim/{path.name}: {module}"
+            )
+
+
+def test_the_gateway_imports_the_simulator_only_where_it_runs_engines() -> None:
+    importers = set()
+    for path in PACKAGE_FILES:
+        modules = imported_modules(path) + [
+            node.value
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and _is_within(node.value, "rolloutsim")
+        ]
+        if any(_is_within(m, "rolloutsim") for m in modules):
+            importers.add(path)
+    assert importers and importers <= SIM_IMPORTERS, sorted(
+        str(p.relative_to(PACKAGE)) for p in importers - SIM_IMPORTERS
+    )

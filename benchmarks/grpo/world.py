@@ -37,8 +37,8 @@ from benchmarks.kit.world import VirtualWorld
 from rolloutgate.config import GatewaySettings
 from rolloutgate.core.commands import Command, RecordGroup
 from rolloutgate.core.events import RequestArrived
-from rolloutgate.sim.profiles import make_config
-from rolloutgate.sim.request import SimRequest
+from rolloutsim.profiles import make_config
+from rolloutsim.request import SimRequest
 
 __all__ = ("GrpoConfig", "GrpoRun", "run_grpo")
 

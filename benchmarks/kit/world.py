@@ -42,9 +42,9 @@ from rolloutgate.core.events import EngineJoined, Event, ProgressReported, Upstr
 from rolloutgate.core.gateway import Gateway
 from rolloutgate.server.app import core_config
 from rolloutgate.server.driver import upstream_id
-from rolloutgate.sim.engine_model import EngineModel
-from rolloutgate.sim.profiles import SimEngineConfig, decode_step_s
-from rolloutgate.sim.request import RequestState, SimRequest
+from rolloutsim.engine_model import EngineModel
+from rolloutsim.profiles import SimEngineConfig, decode_step_s
+from rolloutsim.request import RequestState, SimRequest
 
 __all__ = ("VirtualWorld", "Workload", "engine_id", "engine_index")
 

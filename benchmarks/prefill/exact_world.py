@@ -39,7 +39,7 @@ from rolloutgate.core.events import (
     RequestLimits,
 )
 from rolloutgate.replay.scenario import ReplayConfig
-from rolloutgate.sim.profiles import make_config
+from rolloutsim.profiles import make_config
 
 __all__ = ("ExactRecords", "ExactWorld", "run_exact")
 

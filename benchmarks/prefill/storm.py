@@ -60,7 +60,7 @@ from benchmarks.prefill.measure import (
 )
 from rolloutgate.config import EngineSpec, GatewaySettings
 from rolloutgate.server.app import GatewayServer
-from rolloutgate.sim import SimCluster
+from rolloutsim import SimCluster
 
 __all__ = ("ROWS", "StormConfig", "main", "measure", "run_mode")
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from rolloutgate.sim.faults import Fault
+from rolloutsim.faults import Fault
 from tests.deploy.promql import literal_alternatives, parse
 from tests.server.conftest import MakeCluster, MakeGateway
 from tests.server.users_path import gateway_error

@@ -233,6 +233,7 @@ def start_extra_engine(
         "TRANSFORMERS_OFFLINE": "1",
         "DO_NOT_TRACK": "1",
         "SGLANG_USE_CPU_ENGINE": "1",
+        "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "0",  # as scripts/e2e_sglang_run.sh, which says why
         "OMP_NUM_THREADS": "1",
         "TMPDIR": str(work / "tmp"),
         "XDG_CACHE_HOME": str(work / "cache"),

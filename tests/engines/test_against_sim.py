@@ -1,4 +1,4 @@
-"""Each adapter against the real simulator (rolloutgate.sim), both API flavours, over loopback HTTP.
+"""Each adapter against the real simulator (rolloutsim), both API flavours, over loopback HTTP.
 
 The simulator renders its own non-streaming answers; the assembler must rebuild them from the streams the
 adapters read, field for field (only `id` and `created` differ between two requests).
@@ -24,7 +24,7 @@ from rolloutgate.engines.base import (
     UpstreamEvent,
 )
 from rolloutgate.engines.detect import detect_family, make_client
-from rolloutgate.sim import SimCluster
+from rolloutsim import SimCluster
 from tests.engines.started import collect as collect_events
 from tests.engines.started import stream
 from tests.sim.helpers import wait_until

@@ -24,9 +24,9 @@ from rolloutgate.fleet.operations import ReplicaResult
 from rolloutgate.fleet.replica import FleetReplica
 from rolloutgate.fleet.routing import REPLICA_HEADER, VIA_HEADER
 from rolloutgate.sessions.registry import SessionCopy
-from rolloutgate.sim import SimCluster
 from rolloutgate.top.fetch import GatewayReader
 from rolloutgate.top.view import build_view
+from rolloutsim import SimCluster
 from tests.ports import port_of, reserved_port
 
 REPLICAS = 3

@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from rolloutgate.sim import SimCluster
-from rolloutgate.sim.faults import Fault
+from rolloutsim import SimCluster
+from rolloutsim.faults import Fault
 from tests.reliability.busy import BusyRow, CallTally, CoreWatch, Verdict, post
 from tests.reliability.conftest import add_busy_row
 from tests.server.conftest import MakeCluster, MakeGateway

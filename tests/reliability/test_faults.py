@@ -20,8 +20,8 @@ import orjson
 import pytest
 
 from rolloutgate.config import EngineSpec
-from rolloutgate.sim import SimCluster
-from rolloutgate.sim.faults import Fault
+from rolloutsim import SimCluster
+from rolloutsim.faults import Fault
 from tests.ports import port_of, reserved_port
 from tests.reliability.chaos import ChaosEngine
 from tests.reliability.conftest import bump_figure, wait_for

@@ -323,7 +323,7 @@ async def test_logs_never_carry_bodies_secrets_or_tokens(
     # a session turn, and an engine that fails mid-request (its error relayed, retried elsewhere)
     session_id = (await http.post(f"{url}/sessions", headers=key)).json()["session_id"]
     await http.post(f"{url}/sessions/{session_id}/v1/chat/completions", json=chat, headers=key)
-    from rolloutgate.sim.faults import Fault
+    from rolloutsim.faults import Fault
 
     cluster.engines[0].set_fault(Fault(kind="refuse", status=500))
     await asyncio.gather(*(http.post(f"{url}/v1/chat/completions", json=chat, headers=key) for _ in range(4)))

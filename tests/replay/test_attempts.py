@@ -14,7 +14,7 @@ from rolloutgate.core.commands import MarkEngine
 from rolloutgate.replay.attempts import AttemptRecord, AttemptTap, join, recording
 from rolloutgate.replay.gateway import GatewayRecorder
 from rolloutgate.server.app import GatewayServer
-from rolloutgate.sim import SimCluster
+from rolloutsim import SimCluster
 
 
 def _attempt(key: str, sent: float, request_id: str | None = None) -> AttemptRecord:

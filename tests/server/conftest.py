@@ -10,7 +10,7 @@ import pytest
 
 from rolloutgate.config import EngineSpec, GatewaySettings
 from rolloutgate.server.app import GatewayServer
-from rolloutgate.sim import SimCluster
+from rolloutsim import SimCluster
 
 MakeGateway = Callable[..., Awaitable[GatewayServer]]
 MakeCluster = Callable[..., Awaitable[SimCluster]]

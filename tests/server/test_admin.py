@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rolloutgate.sim.faults import Fault
+from rolloutsim.faults import Fault
 from tests.server.conftest import MakeCluster, MakeGateway
 from tests.sim.helpers import wait_until
 

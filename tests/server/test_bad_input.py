@@ -12,7 +12,7 @@ import pytest
 
 from rolloutgate.config import EngineSpec
 from rolloutgate.server.context import CONTEXT
-from rolloutgate.sim.faults import Fault
+from rolloutsim.faults import Fault
 from tests.server.conftest import MakeCluster, MakeGateway
 from tests.server.engine_tap import EngineTap
 

@@ -14,7 +14,7 @@ import litellm
 import openai
 import pytest
 
-from rolloutgate.sim.faults import Fault
+from rolloutsim.faults import Fault
 from tests.server.conftest import MakeCluster, MakeGateway
 from tests.sim.helpers import wait_until
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from rolloutgate.server.pool import PAUSED_POLL_S
-from rolloutgate.sim import SimCluster
+from rolloutsim import SimCluster
 from tests.server.conftest import MakeCluster, MakeGateway
 from tests.server.users_path import final_timing, generate_body, quarantines
 from tests.sim.helpers import wait_until

@@ -13,7 +13,7 @@ import asyncio
 import httpx
 import pytest
 
-from rolloutgate.sim.faults import Fault
+from rolloutsim.faults import Fault
 from tests.server.conftest import MakeCluster, MakeGateway
 from tests.server.users_path import (
     A_TOKENS,

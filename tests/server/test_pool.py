@@ -16,7 +16,7 @@ from rolloutgate.config import EngineSpec, GatewaySettings
 from rolloutgate.core.events import EngineHealthChecked, EnginePaused, EngineResumed, Event
 from rolloutgate.engines.base import EngineFamily, EngineInfo, Readiness
 from rolloutgate.server.pool import EngineHandle, EnginePool
-from rolloutgate.sim import SimCluster
+from rolloutsim import SimCluster
 
 SGLANG_HEALTH_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT
 

@@ -14,7 +14,7 @@ import pytest
 from rolloutgate.core.events import GateClosed, GateOpened, PauseMode
 from rolloutgate.replay.trace_workload import read_trace
 from rolloutgate.server.trace import FLUSH_BYTES, TRACE_VERSION, TraceRecorder
-from rolloutgate.sim.faults import Fault
+from rolloutsim.faults import Fault
 from tests.server.conftest import MakeCluster, MakeGateway
 from tests.sim.helpers import wait_until
 

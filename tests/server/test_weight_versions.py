@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rolloutgate.sim import SimCluster
+from rolloutsim import SimCluster
 from tests.server.conftest import MakeCluster, MakeGateway
 from tests.server.test_sessions_samples import decode
 from tests.sessions.fixtures import build_tiny_tokenizer

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from rolloutgate.config import EngineSpec
-from rolloutgate.sim import SimCluster
+from rolloutsim import SimCluster
 from tests.engines.fakes import FakeEngine, serve_like_miles_mock
 from tests.ports import port_of, reserved_port
 from tests.server.conftest import MakeCluster, MakeGateway

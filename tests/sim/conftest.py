@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from rolloutgate.sim import SimCluster
+from rolloutsim import SimCluster
 
 ClusterFactory = Callable[..., Awaitable[SimCluster]]
 

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from rolloutgate.sim import SimEngine
+from rolloutsim import SimEngine
 
 
 async def post_json(

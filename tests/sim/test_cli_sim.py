@@ -41,7 +41,7 @@ def test_sim_flags_parse() -> None:
         "incident",
         100.0,
     )
-    from rolloutgate.sim.cli import _overrides
+    from rolloutsim.cli import _overrides
 
     assert _overrides(args) == {"max_running_requests": 16, "decode_base_s": 0.02}
 

@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from rolloutgate.sim.engine_model import EngineModel
-from rolloutgate.sim.faults import Fault
-from rolloutgate.sim.profiles import SimEngineConfig, decode_step_s, make_config, prefill_chunk_s
-from rolloutgate.sim.request import RequestState, SimRequest
-from rolloutgate.sim.tokens import EOS_TOKEN_ID
+from rolloutsim.engine_model import EngineModel
+from rolloutsim.faults import Fault
+from rolloutsim.profiles import SimEngineConfig, decode_step_s, make_config, prefill_chunk_s
+from rolloutsim.request import RequestState, SimRequest
+from rolloutsim.tokens import EOS_TOKEN_ID
 
 
 def req(rid: str, prompt_len: int = 10, max_new: int = 100, *, start: int = 3, **kw: object) -> SimRequest:

@@ -7,8 +7,8 @@ import asyncio
 import aiohttp
 import pytest
 
-from rolloutgate.sim import Fault
-from rolloutgate.sim.faults import parse_fault_flag
+from rolloutsim import Fault
+from rolloutsim.faults import parse_fault_flag
 
 from .conftest import ClusterFactory
 from .helpers import post_json, read_sse, wait_running, wait_until

@@ -9,7 +9,7 @@ import math
 import aiohttp
 import pytest
 
-from rolloutgate.sim import tokens
+from rolloutsim import tokens
 
 from .conftest import ClusterFactory
 from .helpers import post_json, read_sse, wait_running, wait_until

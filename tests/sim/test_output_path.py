@@ -13,9 +13,9 @@ import orjson
 import pytest
 
 from rolloutgate.cli import build_parser
-from rolloutgate.sim import EngineModel, SimRequest, make_config
-from rolloutgate.sim.http_common import DONE
-from rolloutgate.sim.output_path import OutputPath, token_ready_at
+from rolloutsim import EngineModel, SimRequest, make_config
+from rolloutsim.http_common import DONE
+from rolloutsim.output_path import OutputPath, token_ready_at
 
 from .conftest import ClusterFactory
 from .helpers import wait_until
@@ -80,7 +80,7 @@ def test_default_figures_and_validation() -> None:
 
 
 def test_cli_flags_set_the_budget() -> None:
-    from rolloutgate.sim.cli import _overrides
+    from rolloutsim.cli import _overrides
 
     parser = build_parser(only="sim")
     args = parser.parse_args(["sim", "--output-mb-per-s", "50", "--output-chunk-us", "20"])
@@ -281,7 +281,7 @@ async def test_a_backed_up_stream_keeps_its_chunks_as_recipes_past_its_budget(
     make_cluster: ClusterFactory, session: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Chunks waiting for the output path beyond STREAM_QUEUE_BYTES are rebuilt when due: the same bytes."""
-    from rolloutgate.sim import http_common
+    from rolloutsim import http_common
 
     monkeypatch.setattr(http_common, "STREAM_QUEUE_BYTES", 4096)
     body = {

@@ -8,7 +8,7 @@ import time
 
 import aiohttp
 
-from rolloutgate.sim.profiles import decode_step_s, make_config, prefill_chunk_s
+from rolloutsim.profiles import decode_step_s, make_config, prefill_chunk_s
 
 from .conftest import ClusterFactory
 from .helpers import post_json, wait_until

@@ -11,9 +11,9 @@ import orjson
 import pytest
 
 from rolloutgate.cli import build_parser
-from rolloutgate.sim import tokens
-from rolloutgate.sim.cli import _overrides
-from rolloutgate.sim.profiles import make_config
+from rolloutsim import tokens
+from rolloutsim.cli import _overrides
+from rolloutsim.profiles import make_config
 
 from .conftest import ClusterFactory
 from .helpers import post_json

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.kit.stats import percentile
-from rolloutgate.sim.tokens import DEFAULT_VOCAB_SIZE
+from rolloutsim.tokens import DEFAULT_VOCAB_SIZE
 
 __all__ = (
     "DEFAULT",

@@ -45,11 +45,11 @@ from rolloutgate.replay.scenario import (
 from rolloutgate.replay.trace_workload import TraceWorkload
 from rolloutgate.server.app import GatewayServer
 from rolloutgate.server.context import GatewayContext
-from rolloutgate.sim import SimCluster
-from rolloutgate.sim.engine import SimEngine
-from rolloutgate.sim.faults import Fault
-from rolloutgate.sim.ledger import GenerationLedger
-from rolloutgate.sim.request import SimRequest
+from rolloutsim import SimCluster
+from rolloutsim.engine import SimEngine
+from rolloutsim.faults import Fault
+from rolloutsim.ledger import GenerationLedger
+from rolloutsim.request import SimRequest
 
 __all__ = ("ModeRecords", "run_mode")
 

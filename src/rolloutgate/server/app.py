@@ -183,7 +183,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     cluster = None
     specs = list(settings.engines)
     if settings.sim:
-        from rolloutgate.sim import SimCluster
+        from rolloutsim import SimCluster
 
         cluster = SimCluster(
             engines=settings.sim,

@@ -29,7 +29,7 @@ from benchmarks.prefill.exact_agents import CLIENT_ATTEMPTS, ExactAgents
 from benchmarks.prefill.exact_world import ExactWorld, run_exact
 from benchmarks.prefill.measure import table
 from rolloutgate.replay.scenario import ReplayConfig, agent_plan
-from rolloutgate.sim import SimCluster
+from rolloutsim import SimCluster
 
 SMALL = ReplayConfig(
     agents=4,

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rolloutgate.sim.tokens import DEFAULT_VOCAB_SIZE, MIN_VOCAB_SIZE
+from rolloutsim.tokens import DEFAULT_VOCAB_SIZE, MIN_VOCAB_SIZE
 
 __all__ = (
     "PROFILES",

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rolloutgate.runtime_clock import LoopClock
-    from rolloutgate.sim.profiles import SimEngineConfig
-    from rolloutgate.sim.request import SimRequest
+    from rolloutsim.profiles import SimEngineConfig
+    from rolloutsim.request import SimRequest
 
 __all__ = ("MIN_SLEEP_REAL_S", "OutputPath", "OutputQueue", "Slot", "token_ready_at")
 

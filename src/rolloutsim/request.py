@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from rolloutgate.sim import tokens
+from rolloutsim import tokens
 
 __all__ = ("ONLY_AT_END", "FinishReason", "RequestState", "SimRequest")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rolloutgate.sim import tokens
-from rolloutgate.sim.profiles import SimEngineConfig
+from rolloutsim import tokens
+from rolloutsim.profiles import SimEngineConfig
 
 __all__ = ("BadRequest", "GenParams", "parse_chat", "parse_completion", "parse_generate")
 

@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rolloutgate.sim.cluster import SimCluster
-from rolloutgate.sim.faults import parse_fault_flag
-from rolloutgate.sim.profiles import PROFILES
 from rolloutgate.vocabulary import folder_vocab_size
+from rolloutsim.cluster import SimCluster
+from rolloutsim.faults import parse_fault_flag
+from rolloutsim.profiles import PROFILES
 
 __all__ = ("add_arguments", "run")
 

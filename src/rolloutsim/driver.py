@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable
 
 from rolloutgate.runtime_clock import LoopClock
-from rolloutgate.sim.engine_model import EngineModel
+from rolloutsim.engine_model import EngineModel
 
 __all__ = ("SimDriver",)
 

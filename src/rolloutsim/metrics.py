@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rolloutgate.sim.engine_model import EngineModel
+    from rolloutsim.engine_model import EngineModel
 
 __all__ = ("render_sglang", "render_vllm")
 

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from rolloutgate.sim import metrics
-from rolloutgate.sim.http_common import (
+from rolloutsim import metrics
+from rolloutsim.http_common import (
     DONE,
     WRITE_ERRORS,
     DisconnectWatcher,
@@ -29,14 +29,14 @@ from rolloutgate.sim.http_common import (
     sse_headers,
     wait_change,
 )
-from rolloutgate.sim.http_openai import OpenAIRoutes
-from rolloutgate.sim.output import TokenView, generate_item
-from rolloutgate.sim.output_path import token_ready_at
-from rolloutgate.sim.params import BadRequest, GenParams, parse_generate
-from rolloutgate.sim.request import ONLY_AT_END, SimRequest
+from rolloutsim.http_openai import OpenAIRoutes
+from rolloutsim.output import TokenView, generate_item
+from rolloutsim.output_path import token_ready_at
+from rolloutsim.params import BadRequest, GenParams, parse_generate
+from rolloutsim.request import ONLY_AT_END, SimRequest
 
 if TYPE_CHECKING:
-    from rolloutgate.sim.engine import SimEngine
+    from rolloutsim.engine import SimEngine
 
 __all__ = ("build_app",)
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rolloutgate.sim.engine import SimEngine
-    from rolloutgate.sim.request import SimRequest
+    from rolloutsim.engine import SimEngine
+    from rolloutsim.request import SimRequest
 
 __all__ = ("GenerationLedger", "GenerationRecord", "HoldInterval")
 

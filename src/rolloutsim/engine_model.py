@@ -36,13 +36,13 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from rolloutgate.sim.faults import Fault
-from rolloutgate.sim.output_path import OutputPath
-from rolloutgate.sim.prefix_cache import PrefixCache, block_hashes
-from rolloutgate.sim.profiles import SimEngineConfig, decode_step_s, prefill_chunk_s
-from rolloutgate.sim.request import FinishReason, RequestState, SimRequest
-from rolloutgate.sim.stats import EngineStats
-from rolloutgate.sim.tokens import EOS_TOKEN_ID
+from rolloutsim.faults import Fault
+from rolloutsim.output_path import OutputPath
+from rolloutsim.prefix_cache import PrefixCache, block_hashes
+from rolloutsim.profiles import SimEngineConfig, decode_step_s, prefill_chunk_s
+from rolloutsim.request import FinishReason, RequestState, SimRequest
+from rolloutsim.stats import EngineStats
+from rolloutsim.tokens import EOS_TOKEN_ID
 
 __all__ = ("PAUSE_MODES", "EngineModel", "LedgerHooks")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rolloutgate.sim import tokens
-from rolloutgate.sim.params import GenParams
-from rolloutgate.sim.request import SimRequest
+from rolloutsim import tokens
+from rolloutsim.params import GenParams
+from rolloutsim.request import SimRequest
 
 __all__ = ("OpenAIFormatter", "TokenView", "generate_item")
 

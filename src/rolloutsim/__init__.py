@@ -8,12 +8,12 @@ See docs/simulator.md.
 
 from __future__ import annotations
 
-from rolloutgate.sim.cluster import SimCluster
-from rolloutgate.sim.engine import SimEngine
-from rolloutgate.sim.engine_model import EngineModel
-from rolloutgate.sim.faults import FAULT_KINDS, Fault
-from rolloutgate.sim.profiles import PROFILES, SimEngineConfig, make_config
-from rolloutgate.sim.request import FinishReason, RequestState, SimRequest
+from rolloutsim.cluster import SimCluster
+from rolloutsim.engine import SimEngine
+from rolloutsim.engine_model import EngineModel
+from rolloutsim.faults import FAULT_KINDS, Fault
+from rolloutsim.profiles import PROFILES, SimEngineConfig, make_config
+from rolloutsim.request import FinishReason, RequestState, SimRequest
 
 __all__ = (
     "FAULT_KINDS",

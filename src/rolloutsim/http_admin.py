@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from rolloutgate.sim.http_common import apply_fault_body, fault_list, json_response, read_json
-from rolloutgate.sim.params import BadRequest
+from rolloutsim.http_common import apply_fault_body, fault_list, json_response, read_json
+from rolloutsim.params import BadRequest
 
 if TYPE_CHECKING:
-    from rolloutgate.sim.engine import SimEngine
+    from rolloutsim.engine import SimEngine
 
 __all__ = ("build_admin_app",)
 

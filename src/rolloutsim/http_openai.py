@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from rolloutgate.sim.http_common import (
+from rolloutsim.http_common import (
     DONE,
     WRITE_ERRORS,
     Frame,
@@ -30,13 +30,13 @@ from rolloutgate.sim.http_common import (
     sse_headers,
     wait_change,
 )
-from rolloutgate.sim.output import OpenAIFormatter
-from rolloutgate.sim.output_path import token_ready_at
-from rolloutgate.sim.params import BadRequest, GenParams, parse_chat, parse_completion
-from rolloutgate.sim.request import ONLY_AT_END, SimRequest
+from rolloutsim.output import OpenAIFormatter
+from rolloutsim.output_path import token_ready_at
+from rolloutsim.params import BadRequest, GenParams, parse_chat, parse_completion
+from rolloutsim.request import ONLY_AT_END, SimRequest
 
 if TYPE_CHECKING:
-    from rolloutgate.sim.engine import SimEngine
+    from rolloutsim.engine import SimEngine
 
 __all__ = ("OpenAIRoutes",)
 

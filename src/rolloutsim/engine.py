@@ -18,12 +18,12 @@ from typing import Any
 from aiohttp import web
 
 from rolloutgate.runtime_clock import LoopClock
-from rolloutgate.sim.driver import SimDriver
-from rolloutgate.sim.engine_model import EngineModel
-from rolloutgate.sim.faults import SELF_ENDING, Fault
-from rolloutgate.sim.output_path import OutputQueue
-from rolloutgate.sim.profiles import SimEngineConfig
-from rolloutgate.sim.request import SimRequest
+from rolloutsim.driver import SimDriver
+from rolloutsim.engine_model import EngineModel
+from rolloutsim.faults import SELF_ENDING, Fault
+from rolloutsim.output_path import OutputQueue
+from rolloutsim.profiles import SimEngineConfig
+from rolloutsim.request import SimRequest
 
 __all__ = ("SimEngine",)
 

@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from rolloutgate.sim import metrics
-from rolloutgate.sim.http_common import add_admin_routes, json_response, read_json
-from rolloutgate.sim.http_openai import OpenAIRoutes
-from rolloutgate.sim.params import BadRequest
-from rolloutgate.sim.request import SimRequest
+from rolloutsim import metrics
+from rolloutsim.http_common import add_admin_routes, json_response, read_json
+from rolloutsim.http_openai import OpenAIRoutes
+from rolloutsim.params import BadRequest
+from rolloutsim.request import SimRequest
 
 if TYPE_CHECKING:
-    from rolloutgate.sim.engine import SimEngine
+    from rolloutsim.engine import SimEngine
 
 __all__ = ("build_app", "vllm_error")
 

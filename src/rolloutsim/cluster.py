@@ -10,11 +10,11 @@ from typing import Any
 from aiohttp import web
 
 from rolloutgate.runtime_clock import LoopClock
-from rolloutgate.sim import http_sglang, http_vllm
-from rolloutgate.sim.engine import SimEngine
-from rolloutgate.sim.faults import Fault
-from rolloutgate.sim.http_admin import build_admin_app
-from rolloutgate.sim.profiles import SimEngineConfig, make_config
+from rolloutsim import http_sglang, http_vllm
+from rolloutsim.engine import SimEngine
+from rolloutsim.faults import Fault
+from rolloutsim.http_admin import build_admin_app
+from rolloutsim.profiles import SimEngineConfig, make_config
 
 __all__ = ("SimCluster",)
 

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from rolloutgate.sim.faults import Fault, parse_fault
-from rolloutgate.sim.output_path import MIN_SLEEP_REAL_S
-from rolloutgate.sim.params import BadRequest
-from rolloutgate.sim.request import SimRequest
+from rolloutsim.faults import Fault, parse_fault
+from rolloutsim.output_path import MIN_SLEEP_REAL_S
+from rolloutsim.params import BadRequest
+from rolloutsim.request import SimRequest
 
 if TYPE_CHECKING:
-    from rolloutgate.sim.engine import SimEngine
+    from rolloutsim.engine import SimEngine
 
 __all__ = (
     "DONE",
