@@ -8,6 +8,8 @@
 #                                     tokens, non-streaming) direct, through rolloutgate and the SGLang Model
 #                                     Gateway, one run (~9 min); out/bench/rl-shape-*.json and a table
 #   make bench-rl BENCH_RL_ARGS='--quick'       the same in seconds (the harness's smoke test)
+#   make bench-rl-fanout              a fan-out through the RL control plane (/v1/rl/engine) over the slowest of
+#                                     8 simulated engines: rolloutgate and SMG (`smg`, --enable-rl) side by side
 #   make bench-tools                  what they drive, installed here (never by the package):
 #     - wrk, with apt-get where it is missing and can be (root, Debian-like); where it cannot, the benchmarks'
 #       Python load generator stands in (benchmarks/perf/load.py) and the report says which ran;
@@ -20,7 +22,7 @@ BENCH_RL_ARGS ?=
 ROUTER_VENV   := .venv-bench-router
 ROUTER_STAMP  := $(ROUTER_VENV)/.installed-sglang-router
 
-.PHONY: bench bench-rl bench-tools wrk
+.PHONY: bench bench-rl bench-rl-fanout bench-tools wrk
 
 $(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test,native,bench]'
@@ -52,3 +54,6 @@ bench: $(READY) $(BENCH_STAMP) bench-tools
 
 bench-rl: $(READY) $(BENCH_STAMP) bench-tools
 	$(BIN)/python -m benchmarks.perf --only rl-shape $(BENCH_RL_ARGS)
+
+bench-rl-fanout: $(READY)
+	$(BIN)/python -m benchmarks.rl_fanout $(BENCH_RL_FANOUT_ARGS)

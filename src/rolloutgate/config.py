@@ -192,6 +192,12 @@ class GatewaySettings(BaseSettings):
         description="CIDR, repeatable: machines there may register and remove workers and send /abort_request "
         "and /flush_cache without a token (never the other admin endpoints)",
     )
+    rl_control_timeout: float = Field(
+        default=600.0, gt=0, description="seconds one engine call through the RL control plane (/v1/rl) may take"
+    )
+    rl_fanout_concurrency: int = Field(
+        default=32, ge=1, description="engine calls in flight at once in one /v1/rl/engine fan-out"
+    )
     api_keys: list[str] = Field(default_factory=list, description="accepted inference API key, repeatable")
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="largest request body")
     max_header_bytes: int = Field(default=8190, ge=256, description="longest request line or header field")
@@ -286,6 +292,11 @@ class GatewaySettings(BaseSettings):
         ge=0,
         description="at a weight update, requests running since more than this many updates ago are stale "
         "(none = no bound; 0 = every request the update finds running)",
+    )
+    version_policy: Literal["any", "latest-only"] = Field(
+        default="any",
+        description="which engines take new work by the weights they hold: any, or latest-only (an engine "
+        "holding an older weight version than the newest in the pool takes none until it is updated)",
     )
     on_stale: OnStale = Field(
         default=_CORE.on_stale,

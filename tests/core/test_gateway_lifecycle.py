@@ -12,6 +12,7 @@ from rolloutgate.core.events import (
     ClientAttached,
     ClientDisconnected,
     ClockMode,
+    EngineBehindFleet,
     EngineDraining,
     EngineHealthChecked,
     EngineJoined,
@@ -257,3 +258,24 @@ def test_a_draining_engine_takes_no_new_work_and_its_running_calls_finish_there(
     h.arrive("third")
     assert h.engine_of["third"] == "e1"
     assert h.send(EngineDraining(engine_id="never")) == []
+
+
+def test_an_engine_behind_the_fleet_takes_no_new_work_and_keeps_what_runs() -> None:
+    """Older weights than the version policy allows (server/fleet_versions.py): nothing new starts there,
+    what waited for it goes elsewhere, what runs there goes on; caught up, it takes work again."""
+    h = Harness()
+    h.engines(e1=4, e2=4)
+    h.arrive("running")
+    on = h.engine_of["running"]
+    other = "e2" if on == "e1" else "e1"
+    assert h.send(EngineBehindFleet(engine_id=on)) == []  # nothing aborted or re-queued
+    for name in ("a", "b", "c"):
+        h.arrive(name)
+        assert h.engine_of[name] == other
+    h.progress("running", 50)
+    assert of(h.finish("running"), Complete) and h.attempt_of["running"] == 1
+    assert h.commands(Abort) == []
+    h.send(EngineBehindFleet(engine_id=on, behind=False))
+    h.arrive("d")
+    assert h.engine_of["d"] == on  # the least loaded again
+    assert h.send(EngineBehindFleet(engine_id="never")) == []

@@ -204,6 +204,16 @@ class EngineDraining:
 
 
 @dataclass(**_frozen)
+class EngineBehindFleet:
+    """The engine holds older weights than the fleet serves (`behind`), under a version policy that forbids
+    them (latest-only): it takes no new work; what runs on it goes on, under the staleness bound (weights.py).
+    `behind=False` takes it back."""
+
+    engine_id: str
+    behind: bool = True
+
+
+@dataclass(**_frozen)
 class EngineHealthChecked:
     """A health check of the engine passed or failed."""
 
@@ -307,6 +317,7 @@ Event = (
     | EngineJoined
     | EngineLeft
     | EngineDraining
+    | EngineBehindFleet
     | EngineHealthChecked
     | EngineCacheFlushed
     | EnginePaused

@@ -39,6 +39,7 @@ from rolloutgate.core.config import GatewayCoreConfig
 from rolloutgate.core.events import (
     ClientAttached,
     ClientDisconnected,
+    EngineBehindFleet,
     EngineCacheFlushed,
     EngineDraining,
     EngineHealthChecked,
@@ -61,6 +62,7 @@ from rolloutgate.core.events import (
 from rolloutgate.core.ledger import Ledger
 from rolloutgate.core.on_engines import (
     on_cache_flushed,
+    on_engine_behind_fleet,
     on_engine_draining,
     on_engine_joined,
     on_engine_left,
@@ -106,6 +108,7 @@ class Gateway:
             EngineJoined: on_engine_joined,
             EngineLeft: on_engine_left,
             EngineDraining: on_engine_draining,
+            EngineBehindFleet: on_engine_behind_fleet,
             EngineHealthChecked: on_health_checked,
             EngineCacheFlushed: on_cache_flushed,
             EnginePaused: on_engine_paused,

@@ -12,6 +12,8 @@ Verdicts (ENGINE clock mode; DESIGN.md is authoritative; the timers' are in verd
   engine goes to the shared queue
 - engine draining (EngineDraining)    -> no new work; pinned waiters Fail(NO_ENGINE), affine waiters go to the
   shared queue, its running calls go on to their end
+- engine behind the fleet             -> as draining: nothing new starts under weights the version policy
+  (EngineBehindFleet)                    forbids; its running calls are the staleness bound's (weights.py)
 - health check                        -> MarkEngine(healthy | unhealthy) when it changes the state (an
   EngineJoined of a known engine is a re-probe: new limits, and its health as a check)
 - engine paused (EnginePaused)        -> its requests are not charged and its liveness is not judged until
@@ -27,6 +29,7 @@ import math
 from rolloutgate.core.commands import AbortReason, Command, FailReason
 from rolloutgate.core.engine_state import EngineState
 from rolloutgate.core.events import (
+    EngineBehindFleet,
     EngineCacheFlushed,
     EngineDraining,
     EngineHealthChecked,
@@ -41,6 +44,7 @@ from rolloutgate.core.wait_queue import SHARED
 
 __all__ = (
     "on_cache_flushed",
+    "on_engine_behind_fleet",
     "on_engine_draining",
     "on_engine_joined",
     "on_engine_left",
@@ -112,12 +116,32 @@ def on_engine_draining(ledger: Ledger, ev: EngineDraining, now: float) -> list[C
     out: list[Command] = []
     engine.is_draining = ev.draining
     if ev.draining:  # what waits for it goes to the shared queue; its running calls stay
-        ledger.fail_pinned_waiters(engine.engine_id, now, out, "its engine is being handed over")
-        for rid in ledger.queue.ids_in_lane((engine.engine_id, False)):
-            ledger.queue.move(rid, SHARED)
+        _send_waiters_elsewhere(ledger, engine, now, out, "its engine is being handed over")
     ledger.refresh_engines(now)
     ledger.pump(now, out)
     return out
+
+
+def on_engine_behind_fleet(ledger: Ledger, ev: EngineBehindFleet, now: float) -> list[Command]:
+    engine = ledger.engines.get(ev.engine_id)
+    if engine is None or engine.is_behind == ev.behind:
+        return []
+    out: list[Command] = []
+    engine.is_behind = ev.behind
+    if ev.behind:  # nothing new starts under its weights; what runs is the staleness bound's (weights.py)
+        _send_waiters_elsewhere(ledger, engine, now, out, "its engine holds weights the policy forbids")
+    ledger.refresh_engines(now)
+    ledger.pump(now, out)
+    return out
+
+
+def _send_waiters_elsewhere(
+    ledger: Ledger, engine: EngineRecord, now: float, out: list[Command], why: str
+) -> None:
+    """What waits for this engine: pinned waiters fail, affine ones go to the shared queue."""
+    ledger.fail_pinned_waiters(engine.engine_id, now, out, why)
+    for rid in ledger.queue.ids_in_lane((engine.engine_id, False)):
+        ledger.queue.move(rid, SHARED)
 
 
 def on_health_checked(ledger: Ledger, ev: EngineHealthChecked, now: float) -> list[Command]:

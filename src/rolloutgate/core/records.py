@@ -131,6 +131,7 @@ class EngineRecord:
         "endured_prefills",
         "engine_id",
         "generated_tokens",
+        "is_behind",
         "is_draining",
         "is_paused",
         "liveness",
@@ -163,6 +164,7 @@ class EngineRecord:
         self.state = EngineState.HEALTHY if is_healthy else EngineState.UNHEALTHY
         self.is_paused = False
         self.is_draining = False  # handed to another gateway: no new work (core/events.py EngineDraining)
+        self.is_behind = False  # older weights than the policy allows: no new work (EngineBehindFleet)
         self.generated_tokens = 0  # output tokens its requests' own streams reported (not engine-level)
         self.slots = EngineSlots(
             capacity=capacity,
@@ -223,7 +225,12 @@ class EngineRecord:
 
     @property
     def is_schedulable(self) -> bool:
-        return self.state is EngineState.HEALTHY and not self.is_paused and not self.is_draining
+        return (
+            self.state is EngineState.HEALTHY
+            and not self.is_paused
+            and not self.is_draining
+            and not self.is_behind
+        )
 
     def __repr__(self) -> str:
         paused = " paused" if self.is_paused else ""

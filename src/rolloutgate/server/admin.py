@@ -233,11 +233,8 @@ async def _update_one(
     # Whatever the outcome, the engine's prefix cache cannot be counted on any more (new weights make it
     # stale, and SGLang flushes it): placement treats its sessions' next turns as cold prefills.
     ctx.driver.handle(EngineCacheFlushed(engine_id=engine.engine_id))
-    try:
-        info = await engine.client.probe()
-        engine.info = info
-    except UpstreamError:
-        pass
+    with contextlib.suppress(UpstreamError):
+        await ctx.pool.renew_info(engine)
     return {
         "engine": engine.engine_id,
         "url": engine.url,

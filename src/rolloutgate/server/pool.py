@@ -74,6 +74,7 @@ from rolloutgate.config import EngineSpec, GatewaySettings
 from rolloutgate.core.admission import default_prefill_budget
 from rolloutgate.core.engine_state import EngineState
 from rolloutgate.core.events import (
+    EngineBehindFleet,
     EngineCacheFlushed,
     EngineHealthChecked,
     EngineJoined,
@@ -85,6 +86,7 @@ from rolloutgate.core.events import (
 from rolloutgate.core.stats import EngineStats
 from rolloutgate.engines.base import EngineClient, EngineFamily, EngineInfo, Readiness, UpstreamError
 from rolloutgate.engines.detect import detect_family, make_client
+from rolloutgate.server.fleet_versions import FleetVersions
 from rolloutgate.vocabulary import folder_vocab_size
 
 __all__ = ("PENDING", "EngineHandle", "EnginePool", "PendingEngine")
@@ -109,6 +111,8 @@ class EngineHandle:
     consecutive_failures: int = 0
     maintenance: int = 0  # > 0 while the admin API pauses or updates it: health checks are not judged
     paused_by_engine: bool = False  # it says it is paused, and not by the gateway (a trainer, directly)
+    # what a trainer's calls through the RL control plane stopped on it ("pause", "sleep": server/rl_plane.py)
+    control_holds: set[str] = field(default_factory=set)
 
     def is_in_maintenance(self) -> bool:
         return self.maintenance > 0
@@ -187,11 +191,13 @@ class EnginePool:
     _pause_reads: set[asyncio.Task[None]] = field(default_factory=set)
     _tokenizer_vocab: int | None = field(init=False, default=None)
     _told_unknown_vocab: bool = field(init=False, default=False)
+    versions: FleetVersions = field(init=False)  # the fleet's weight version, who is behind it
 
     def __post_init__(self) -> None:
+        self.versions = FleetVersions(self.settings.version_policy)
         if self.settings.tokenizer:
             self._tokenizer_vocab = folder_vocab_size(self.settings.tokenizer)
-        self._learn_vocab()
+        self._pool_changed()
 
     async def register(self, spec: EngineSpec) -> EngineHandle | PendingEngine:
         """Join the engine, or keep it pending while its probe fails (module docstring); returns once its
@@ -277,9 +283,9 @@ class EnginePool:
             capacity=capacity,
         )
         self.engines[handle.engine_id] = handle
-        self._learn_vocab()
         budget = self.prefill_budget(info, capacity)
         self.emit(EngineJoined(engine_id=handle.engine_id, capacity=capacity, prefill_token_budget=budget))
+        self._pool_changed()  # after it joined: the core learns whether it is behind the fleet
         handle.health_task = asyncio.create_task(self._health_loop(handle), name=f"health-{handle.engine_id}")
         log.info("engine joined", extra={"engine": handle.engine_id, "url": spec.url, "capacity": capacity})
         if info.missing:
@@ -324,8 +330,42 @@ class EnginePool:
         if handle.health_task is not None:
             handle.health_task.cancel()
         self.emit(EngineLeft(engine_id=engine_id))
-        self._learn_vocab()
+        self._pool_changed()
         return handle
+
+    def _pool_changed(self) -> None:
+        """What follows from the engines and their facts: the vocabulary, and which engines are behind the
+        fleet's weight version (server/fleet_versions.py)."""
+        self._learn_vocab()
+        held = {h.engine_id: h.info.weight_version for h in self.engines.values()}
+        for engine_id, behind in self.versions.judge(held):
+            log.warning(
+                "%s holds weight version %s, the pool's newest is %s: %s",
+                engine_id,
+                held[engine_id],
+                self.versions.fleet_version(held),
+                "it takes no new work until it is updated" if behind else "it takes work again",
+            )
+            self.emit(EngineBehindFleet(engine_id=engine_id, behind=behind))
+
+    async def renew_info(self, handle: EngineHandle) -> bool:
+        """Probe the engine again for its facts (its weight version above all); True when the version changed:
+        new weights, so its prefix cache counts as flushed (SGLang flushes it on an update) and placement
+        prices its sessions' next turns as cold. Raises UpstreamError when it does not answer."""
+        info = await handle.client.probe()  # also renews the adapter's weight version for its answers
+        changed = info.weight_version != handle.info.weight_version
+        if changed:
+            log.warning(
+                "%s weight version %s -> %s: its prefix cache counts as flushed",
+                handle.engine_id,
+                handle.info.weight_version,
+                info.weight_version,
+            )
+        handle.info = info
+        self._pool_changed()
+        if changed:
+            self.emit(EngineCacheFlushed(engine_id=handle.engine_id))
+        return changed
 
     def _learn_vocab(self) -> None:
         """`vocab_size` from the engines and the tokenizer (module docstring), after the pool changed."""
@@ -489,20 +529,9 @@ class EnginePool:
         version means new weights, so the engine's prefix cache counts as flushed (SGLang flushes it on an
         update; miles' trainer flushes it too) and placement prices its sessions' next turns as cold."""
         try:
-            info = await handle.client.probe()  # also renews the adapter's weight version for its answers
+            await self.renew_info(handle)
         except UpstreamError as error:
             log.info("%s: no weight version after its pause: %s", handle.engine_id, error.message)
-            return
-        if info.weight_version != handle.info.weight_version:
-            log.warning(
-                "%s weight version %s -> %s: its prefix cache counts as flushed",
-                handle.engine_id,
-                handle.info.weight_version,
-                info.weight_version,
-            )
-            handle.info = info
-            self._learn_vocab()
-            self.emit(EngineCacheFlushed(engine_id=handle.engine_id))
 
     def _record_check(self, handle: EngineHandle, outcome: bool | None) -> None:
         """A health check's outcome (`_check_health`); one that hung while the core holds work on the engine
