@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import httpx
@@ -123,3 +123,30 @@ def engines_idle(engines: EngineSet) -> None:
             if time.monotonic() > deadline:
                 pytest.fail(f"engines still busy {IDLE_TIMEOUT_S} s after the previous test: {seen}")
             time.sleep(0.25)
+
+
+_LOG_MARKS = pytest.StashKey[tuple[Path, dict[Path, int]]]()
+LOG_LINES_ON_FAILURE = 80  # of each gateway's log, what it wrote during a failed test
+
+
+@pytest.fixture(autouse=True)
+def gateway_logs_marked(request: pytest.FixtureRequest, log_dir: Path) -> None:
+    """Where each gateway log ends as the test starts: a failure report shows what the gateways wrote during
+    the test (CI keeps no log folder)."""
+    request.node.stash[_LOG_MARKS] = (log_dir, {p: p.stat().st_size for p in log_dir.glob("gateway*.log")})
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if call.when == "call" and report.failed and _LOG_MARKS in item.stash:
+        folder, marks = item.stash[_LOG_MARKS]
+        for path in sorted(folder.glob("gateway*.log")):
+            with path.open("rb") as log:
+                log.seek(marks.get(path, 0))
+                lines = log.read().decode("utf-8", "replace").splitlines()[-LOG_LINES_ON_FAILURE:]
+            if lines:
+                report.sections.append((f"{path.name} during the test", "\n".join(lines)))
+    return report

@@ -71,6 +71,7 @@ async def test_smg_client_pauses_updates_and_continues_a_fleet_while_a_long_logp
     assert meta["completion_tokens"] == TOKENS
     assert meta["weight_version"] == "7"  # it finished under the new weights
     timing = final_timing(response)
+    print(f"smg.rl refit of 3 engines during a {TOKENS}-token call: {timing}")
     assert timing["paused"] >= PAUSE_S, timing  # the whole pause, told before the engines paused
     assert timing["charged"] <= timing["wall"] - PAUSE_S, timing
     workers = await client_call(rl.workers)
