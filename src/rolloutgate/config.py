@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -193,7 +194,9 @@ class GatewaySettings(BaseSettings):
         "and /flush_cache without a token (never the other admin endpoints)",
     )
     rl_control_timeout: float = Field(
-        default=600.0, gt=0, description="seconds one engine call through the RL control plane (/v1/rl) may take"
+        default=600.0,
+        gt=0,
+        description="seconds one engine call through the RL control plane (/v1/rl) may take",
     )
     rl_fanout_concurrency: int = Field(
         default=32, ge=1, description="engine calls in flight at once in one /v1/rl/engine fan-out"
@@ -293,10 +296,10 @@ class GatewaySettings(BaseSettings):
         description="at a weight update, requests running since more than this many updates ago are stale "
         "(none = no bound; 0 = every request the update finds running)",
     )
-    version_policy: Literal["any", "latest-only"] = Field(
+    version_policy: str = Field(
         default="any",
-        description="which engines take new work by the weights they hold: any, or latest-only (an engine "
-        "holding an older weight version than the newest in the pool takes none until it is updated)",
+        description="the weights a request may start on when it names no policy (x-smg-version-policy): any, "
+        "latest-only (only engines holding the newest weight version in the pool) or max-staleness:K",
     )
     on_stale: OnStale = Field(
         default=_CORE.on_stale,
@@ -346,6 +349,14 @@ class GatewaySettings(BaseSettings):
         if value is not None and not isinstance(value, dict):
             raise ValueError("must be a JSON object")
         return value
+
+    @field_validator("version_policy")
+    @classmethod
+    def _known_version_policy(cls, policy: str) -> str:
+        # a request may also name min-version:V (server/fleet_versions.py); a default cannot name one version
+        if policy in ("any", "latest-only") or re.fullmatch(r"max-staleness:\d+", policy):
+            return policy
+        raise ValueError(f"version_policy must be any, latest-only or max-staleness:K, not {policy!r}")
 
     @field_validator("trusted_networks")
     @classmethod

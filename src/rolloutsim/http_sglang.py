@@ -106,6 +106,7 @@ class SGLangRoutes:
         # answer 503) until a /health passes (http_server.py health_generate)
         self._status_up = True
         self._status_restarts = 0  # the engine's restarts when `_status_up` was set (a new process is up)
+        self.scheduler_replies = 0  # control requests the scheduler answered (they pass a /health under way)
 
     @property
     def status_up(self) -> bool:
@@ -326,13 +327,16 @@ class SGLangRoutes:
 
     async def health(self, _request: web.Request) -> web.Response:
         """Submit a one-token request and poll every `health_poll_s` for any scheduler output, up to
-        `health_timeout_s` (503). Requests blocked by a pause block the probe too, as in SGLang."""
+        `health_timeout_s` (503). Requests blocked by a pause block the probe too, as in SGLang. Any output
+        counts, as SGLang's `last_receive_tstamp` does: a reply to anyone's control request (`/get_load`)
+        during the check passes it, paused or not (0.5.9 measured, with several gateways in front)."""
         engine, model = self.engine, self.engine.model
         if engine.is_starting:
             return web.Response(status=503)  # SGLang's server_status Starting: loading after a restart
         if "wedge" in model.faults:
             return web.Response(status=200)  # wedged past what the check sees (vLLM#46811's shape)
         start_events, start_at, restarts = model.stats.progress_events, engine.now(), engine.restarts
+        start_replies = self.scheduler_replies
         probe = SimRequest(f"HEALTH_CHECK_{uuid.uuid4().hex}", [0], max_new_tokens=1, internal=True)
         probe.listener = asyncio.Event()
 
@@ -348,7 +352,8 @@ class SGLangRoutes:
                 engine.sync()
                 if engine.restarts != restarts:
                     return web.Response(status=503)  # its process died under the check: no verdict on the new
-                if model.stats.progress_events > start_events or probe.completion_tokens:
+                replied = self.scheduler_replies > start_replies
+                if model.stats.progress_events > start_events or probe.completion_tokens or replied:
                     self.status_up = True
                     return web.Response(status=200)
                 if engine.now() - start_at >= self.config.health_timeout_s:
@@ -477,6 +482,7 @@ class SGLangRoutes:
         """A round trip to the scheduler: served between forward passes and while paused, so it waits while
         the scheduler is stuck in one (a compile, a hung GPU: reference/real-sglang.md)."""
         await self.engine.wait_scheduler()
+        self.scheduler_replies += 1
         s = self._load_snapshot()
         return json_response(
             [

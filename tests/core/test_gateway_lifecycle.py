@@ -12,11 +12,11 @@ from rolloutgate.core.events import (
     ClientAttached,
     ClientDisconnected,
     ClockMode,
-    EngineBehindFleet,
     EngineDraining,
     EngineHealthChecked,
     EngineJoined,
     EngineLeft,
+    EngineVersionLag,
     GateClosed,
     GateOpened,
     ProgressReported,
@@ -260,22 +260,46 @@ def test_a_draining_engine_takes_no_new_work_and_its_running_calls_finish_there(
     assert h.send(EngineDraining(engine_id="never")) == []
 
 
-def test_an_engine_behind_the_fleet_takes_no_new_work_and_keeps_what_runs() -> None:
-    """Older weights than the version policy allows (server/fleet_versions.py): nothing new starts there,
-    what waited for it goes elsewhere, what runs there goes on; caught up, it takes work again."""
+def test_a_request_starts_only_where_its_version_policy_allows_the_weights() -> None:
+    """EngineVersionLag: an engine behind the pool's newest weights takes no request whose policy allows less
+    (RequestArrived.max_version_lag); what runs there goes on; a request with no policy, or pinned there, may
+    start there; once it catches up it takes them all again."""
     h = Harness()
     h.engines(e1=4, e2=4)
-    h.arrive("running")
+    h.arrive("running", max_version_lag=0)
     on = h.engine_of["running"]
     other = "e2" if on == "e1" else "e1"
-    assert h.send(EngineBehindFleet(engine_id=on)) == []  # nothing aborted or re-queued
+    assert h.send(EngineVersionLag(engine_id=on, lag=1)) == []  # nothing aborted or re-queued
     for name in ("a", "b", "c"):
-        h.arrive(name)
+        h.arrive(name, max_version_lag=0)
         assert h.engine_of[name] == other
+    h.arrive("stale-ok", max_version_lag=1)  # the least loaded now, and its lag is allowed
+    assert h.engine_of["stale-ok"] == on
+    h.arrive("pinned", max_version_lag=0, pinned_engine=on)
+    assert h.engine_of["pinned"] == on
+    h.arrive("waits", max_version_lag=0)  # e-other has room: it goes there, never to the lagging engine
+    assert h.engine_of["waits"] == other
     h.progress("running", 50)
     assert of(h.finish("running"), Complete) and h.attempt_of["running"] == 1
     assert h.commands(Abort) == []
-    h.send(EngineBehindFleet(engine_id=on, behind=False))
-    h.arrive("d")
+    h.send(EngineVersionLag(engine_id=on, lag=0))
+    h.arrive("d", max_version_lag=0)
     assert h.engine_of["d"] == on  # the least loaded again
-    assert h.send(EngineBehindFleet(engine_id="never")) == []
+    assert h.send(EngineVersionLag(engine_id="never", lag=2)) == []
+
+
+def test_a_waiting_request_never_starts_on_weights_its_policy_forbids() -> None:
+    """Every slot of the current engine busy: a latest-only request waits for it rather than take the free
+    slot of the lagging engine; a request without a policy takes that slot."""
+    h = Harness()
+    h.engines(e1=1, e2=1)
+    h.send(EngineVersionLag(engine_id="e2", lag=1))
+    h.arrive("first", max_version_lag=0)
+    assert h.engine_of["first"] == "e1"
+    h.arrive("strict", max_version_lag=0)
+    assert "strict" not in h.engine_of  # e2 is free, but behind
+    h.arrive("any")
+    assert h.engine_of["any"] == "e2"
+    h.progress("first", 5)
+    h.finish("first")
+    assert h.engine_of["strict"] == "e1"

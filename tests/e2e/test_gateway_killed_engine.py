@@ -63,6 +63,7 @@ async def stream_chat(base: str, engines: EngineSet, started: asyncio.Event) -> 
     return out
 
 
+@pytest.mark.timeout(300)  # it starts its own engine (25-45 s for a real SGLang) and runs five long calls
 async def test_a_killed_engine_loses_only_its_call_and_the_other_serves_on(
     engines: EngineSet, log_dir: Path
 ) -> None:

@@ -1,30 +1,51 @@
-"""The fleet's weight version and who is behind it (server/fleet_versions.py)."""
+"""How far each engine's weights lag, and version policies (server/fleet_versions.py)."""
 
 from __future__ import annotations
 
-from rolloutgate.server.fleet_versions import FleetVersions
+import pytest
+
+from rolloutgate.server.fleet_versions import FleetVersions, VersionPolicyError
 
 
-def test_latest_only_puts_behind_whoever_holds_an_older_label_than_the_newest_held() -> None:
-    versions = FleetVersions("latest-only")
+def test_lag_counts_the_labels_between_an_engines_and_the_newest_held() -> None:
+    versions = FleetVersions()
     assert versions.judge({"e0": "default", "e1": "default"}) == []
-    assert versions.judge({"e0": "7", "e1": "default"}) == [("e1", True)]  # e0 updated first
-    assert versions.judge({"e0": "7", "e1": "7"}) == [("e1", False)]
-    # e1 restarts from its checkpoint: "default" was seen before "7", so it is older
-    assert versions.judge({"e0": "7", "e1": "default"}) == [("e1", True)]
-    assert versions.fleet_version({"e0": "7", "e1": "default"}) == "7"
+    assert versions.judge({"e0": "7", "e1": "default"}) == [("e1", 1)]  # e0 updated first
+    assert versions.judge({"e0": "8", "e1": "default"}) == [("e1", 2)]
+    assert versions.judge({"e0": "8", "e1": "8"}) == [("e1", 0)]
+    # e1 restarts from its checkpoint: "default" was seen first, so it is the oldest
+    assert versions.judge({"e0": "8", "e1": "default"}) == [("e1", 2)]
+    assert versions.fleet_version({"e0": "8", "e1": "default"}) == "8"
     # the engine that held the newest leaves: the newest held now is the fleet's
-    assert versions.judge({"e1": "default"}) == [("e1", False)]
+    assert versions.judge({"e1": "default"}) == [("e1", 0)]
 
 
 def test_labels_are_never_parsed_only_ordered_by_first_sight() -> None:
-    versions = FleetVersions("latest-only")
+    versions = FleetVersions()
     versions.judge({"e0": "step-10"})
-    assert versions.judge({"e0": "step-10", "e1": "step-9"}) == [("e0", True)]  # step-9 seen later: newer
+    assert versions.judge({"e0": "step-10", "e1": "step-9"}) == [("e0", 1)]  # step-9 seen later: newer
     assert versions.judge({"e0": "step-10", "e1": "step-9", "e2": None}) == []  # no version: never behind
 
 
-def test_any_puts_nobody_behind() -> None:
-    versions = FleetVersions("any")
-    assert versions.judge({"e0": "7", "e1": "default"}) == []
-    assert versions.behind == set()
+@pytest.mark.parametrize(
+    ("policy", "lag"),
+    [("any", None), ("latest-only", 0), ("max-staleness:0", 0), ("max-staleness:3", 3), ("min-version:7", 1),
+     ("min-version:default", 2), ("min-version:8", 0)],
+)  # fmt: skip
+def test_smgs_policies_become_a_lag_bound(policy: str, lag: int | None) -> None:
+    versions = FleetVersions()
+    versions.judge({"e0": "default"})
+    versions.judge({"e0": "7"})
+    versions.judge({"e0": "8"})
+    assert versions.max_lag(policy) == lag
+
+
+@pytest.mark.parametrize(
+    "policy",
+    ["latest", "max-staleness:", "max-staleness:-1", "max-staleness:x", "min-version:", "min-version:9", ""],
+)
+def test_a_policy_that_does_not_parse_or_names_an_unseen_version_is_refused(policy: str) -> None:
+    versions = FleetVersions()
+    versions.judge({"e0": "8"})
+    with pytest.raises(VersionPolicyError):
+        versions.max_lag(policy)

@@ -193,12 +193,12 @@ async def test_an_engine_left_on_old_weights_serves_nothing_under_latest_only(
         assert set(versions) == {"7"}
         assert cluster.engines[2].model.stats.requests_total == 0
         assert behind.health == "ready" and behind.weight_version == "default"
-        assert (await http.get(f"{gateway.url}/v1/rl/workers/engine-2")).json()["behind"] is True
+        assert (await http.get(f"{gateway.url}/v1/rl/workers/engine-2")).json()["version_lag"] == 1
         # updated at last, it takes work again
         await client_call(
             rl.call, "engine-2", "update_weights_from_disk", {"model_path": "/ckpt/7", "weight_version": "7"}
         )
-        assert (await http.get(f"{gateway.url}/v1/rl/workers/engine-2")).json()["behind"] is False
+        assert (await http.get(f"{gateway.url}/v1/rl/workers/engine-2")).json()["version_lag"] == 0
         assert set(await served_versions(http, gateway.url, 24)) == {"7"}
         assert cluster.engines[2].model.stats.requests_total > 0
     else:
@@ -228,3 +228,56 @@ async def test_an_engine_that_rejoins_with_old_weights_waits_for_the_fleets_vers
     await client_call(rl.call, rejoined, "update_weight_version", {"new_version": "3"})
     assert set(await served_versions(http, gateway.url, 16)) == {"3"}
     assert old.model.stats.requests_total > before
+
+
+@pytest.mark.parametrize(
+    ("policy", "served"),
+    [
+        ("latest-only", {"7"}),
+        ("max-staleness:0", {"7"}),
+        ("min-version:7", {"7"}),
+        ("max-staleness:1", {"7", "default"}),
+        ("min-version:default", {"7", "default"}),
+        ("any", {"7", "default"}),
+    ],
+)
+async def test_a_requests_own_version_policy_decides_where_it_may_start(
+    make_cluster: MakeCluster,
+    make_gateway: MakeGateway,
+    http: httpx.AsyncClient,
+    policy: str,
+    served: set[str],
+) -> None:
+    """SMG's `x-smg-version-policy` per request, over the gateway's default (any): engine-1 left on the old
+    weights serves only the requests whose policy allows a lag of one version."""
+    cluster = await make_cluster(engines=2)
+    gateway = await make_gateway(cluster)
+    rl = RL(gateway.url, timeout=30.0)
+    await client_call(rl.call, "engine-0", "update_weight_version", {"new_version": "7"})
+    answers = await asyncio.gather(
+        *(
+            http.post(
+                f"{gateway.url}/generate",
+                json=generate_body(20, 30, first_id=1 + i),
+                headers={"x-smg-version-policy": policy},
+            )
+            for i in range(16)
+        )
+    )
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+    assert {a.json()["meta_info"]["weight_version"] for a in answers} == served
+
+
+@pytest.mark.parametrize("policy", ["newest", "max-staleness:-1", "min-version:9"])
+async def test_a_policy_that_does_not_parse_or_names_an_unseen_version_is_a_400(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient, policy: str
+) -> None:
+    cluster = await make_cluster(engines=1)
+    gateway = await make_gateway(cluster)
+    bad = await http.post(
+        f"{gateway.url}/generate", json=generate_body(20, 5), headers={"x-smg-version-policy": policy}
+    )
+    assert bad.status_code == 400, bad.text
+    assert bad.json()["error"]["code"] == "invalid_version_policy"
+    good = await http.post(f"{gateway.url}/generate", json=generate_body(20, 5))
+    assert good.status_code == 200, good.text

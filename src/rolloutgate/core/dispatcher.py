@@ -93,8 +93,9 @@ class Dispatcher:
         queued alone (nothing reserved, no engine lanes), without queueing it. None: anything else (no free
         slot, no choice, a budget to wait for); queue it and let `decisions` decide, as it would have anyway
         (placement policies are pure, so nothing here changed what it will see)."""
+        schedulable = _allowed(r, schedulable)
         if not any(e.has_room() for e in schedulable):
-            return None  # `decisions`: no engine with a free slot
+            return None  # `decisions`: no engine with a free slot (its version policy allows)
         placement = self.placement_request(r)
         choice = self._policy.choose(placement, schedulable)
         if choice is None:
@@ -143,7 +144,7 @@ class Dispatcher:
                 reserved.add(engine.engine_id)
                 continue
             placement = self.placement_request(r)
-            views = _views(schedulable, reserved)
+            views = _views(_allowed(r, schedulable), reserved)
             choice = self._policy.choose(placement, views)
             if choice is not None:
                 view = next(v for v in views if v.engine_id == choice)
@@ -158,7 +159,7 @@ class Dispatcher:
             if best_kind == _MOVE:
                 skipped.add(best_lane)
                 continue
-            target = self._target_lane(placement, engines)
+            target = self._target_lane(r, placement, engines) or _lane_within_policy(r, schedulable)
             if target is not None:
                 queue.move(best_id, target, placement.uncached_on(target[0]))
                 continue
@@ -186,7 +187,7 @@ class Dispatcher:
         weight = queue.weight_of(r.request_id)
         queue.move(r.request_id, SHARED)  # not part of the backlog it is weighing
         placement = self.placement_request(r)
-        views = _views(schedulable, reserved)
+        views = _views(_allowed(r, schedulable), reserved)
         choice = self._policy.choose(placement, views)
         if choice is not None and choice != engine.engine_id:
             view = next(v for v in views if v.engine_id == choice)
@@ -217,7 +218,9 @@ class Dispatcher:
             head = queue.peek(lane)
             if head is None:  # pragma: no cover - engine_lanes lists non-empty lanes only
                 continue
-            if engine_id in reserved:
+            if engine is not None and not requests[head[1]].allows_weights_of(engine):
+                kind = _MOVE  # its policy forbids the weights there now (not pinned: pinned ones allow any)
+            elif engine_id in reserved:
                 if engine is None or not engine.has_room() or not self._is_exempt(requests[head[1]], engine):
                     continue  # a reserved engine takes only prefills exempt from the budget
                 kind = _OWN
@@ -240,18 +243,39 @@ class Dispatcher:
         uncached = self._sessions.uncached(r.routing_key, r.prompt_tokens, engine.engine_id, r.group)
         return engine.slots.is_exempt(uncached)
 
-    def _target_lane(self, placement: PlacementRequest, engines: Mapping[str, EngineRecord]) -> Lane:
+    def _target_lane(
+        self, r: RequestRecord, placement: PlacementRequest, engines: Mapping[str, EngineRecord]
+    ) -> Lane:
         if placement.pinned_engine is not None:
             return (placement.pinned_engine, True)
         affine = placement.affine_engine
         if self._is_affine and affine is not None:
             engine = engines.get(affine)
-            if engine is not None and engine.is_schedulable:
+            if engine is not None and engine.is_schedulable and r.allows_weights_of(engine):
                 return (affine, False)
         return None
 
     def __repr__(self) -> str:
         return f"<Dispatcher {self._policy.name} [{len(self._queue)} waiting]>"
+
+
+def _allowed(r: RequestRecord, schedulable: Sequence[EngineRecord]) -> Sequence[EngineRecord]:
+    """The engines whose weights the request's version policy allows (RequestRecord.allows_weights_of)."""
+    if r.max_version_lag is None or r.pinned_engine is not None:
+        return schedulable
+    return [e for e in schedulable if r.allows_weights_of(e)]
+
+
+def _lane_within_policy(r: RequestRecord, schedulable: Sequence[EngineRecord]) -> Lane:
+    """For a shared head its version policy kept off engines with room: the lane of the least loaded engine
+    it allows, so that it waits there and what follows it may take the engines it refused (no head-of-line
+    block on weights that are not its); None when nothing was refused or nothing is allowed."""
+    allowed = _allowed(r, schedulable)
+    if len(allowed) == len(schedulable) or not allowed:
+        return None
+    if not any(e.has_room() for e in schedulable if not r.allows_weights_of(e)):
+        return None  # the engines it refused are full too: it blocks the shared lane as any head does
+    return (min(allowed, key=lambda e: (e.in_flight, e.order)).engine_id, False)
 
 
 def _views(schedulable: Sequence[EngineRecord], reserved: set[str]) -> Sequence[EngineView]:

@@ -99,12 +99,17 @@ class RequestArrived:
     streaming: bool = False  # the client reads a stream: once it has seen output, that output is visible
     pinned_engine: str | None = None  # dispatch only to this engine (e.g. a proxied engine-specific call)
     group: str | None = None  # the n samples of one prompt share it: placed together (group_table.py)
+    # the most weight versions its engine may be behind the newest (EngineVersionLag); None: any weights.
+    # A pinned request runs on its engine whatever the weights: its caller chose the engine.
+    max_version_lag: int | None = None
 
     def __post_init__(self) -> None:
         if not self.request_id:
             raise ValueError("request_id must be non-empty")
         if self.prompt_tokens < 0:
             raise ValueError("prompt_tokens must be >= 0")
+        if self.max_version_lag is not None and self.max_version_lag < 0:
+            raise ValueError("max_version_lag must be >= 0 or None")
 
 
 @dataclass(**_per_request)
@@ -204,13 +209,17 @@ class EngineDraining:
 
 
 @dataclass(**_frozen)
-class EngineBehindFleet:
-    """The engine holds older weights than the fleet serves (`behind`), under a version policy that forbids
-    them (latest-only): it takes no new work; what runs on it goes on, under the staleness bound (weights.py).
-    `behind=False` takes it back."""
+class EngineVersionLag:
+    """How many weight versions the engine's weights are behind the newest one an engine of the pool holds
+    (0: it holds the newest). A request whose version policy allows a smaller lag is not started there
+    (`RequestArrived.max_version_lag`); what runs on it goes on, under the staleness bound (weights.py)."""
 
     engine_id: str
-    behind: bool = True
+    lag: int = 0
+
+    def __post_init__(self) -> None:
+        if self.lag < 0:
+            raise ValueError("lag must be >= 0")
 
 
 @dataclass(**_frozen)
@@ -317,7 +326,7 @@ Event = (
     | EngineJoined
     | EngineLeft
     | EngineDraining
-    | EngineBehindFleet
+    | EngineVersionLag
     | EngineHealthChecked
     | EngineCacheFlushed
     | EnginePaused

@@ -39,7 +39,6 @@ from rolloutgate.core.config import GatewayCoreConfig
 from rolloutgate.core.events import (
     ClientAttached,
     ClientDisconnected,
-    EngineBehindFleet,
     EngineCacheFlushed,
     EngineDraining,
     EngineHealthChecked,
@@ -47,6 +46,7 @@ from rolloutgate.core.events import (
     EngineLeft,
     EnginePaused,
     EngineResumed,
+    EngineVersionLag,
     Event,
     GateClosed,
     GateOpened,
@@ -62,12 +62,12 @@ from rolloutgate.core.events import (
 from rolloutgate.core.ledger import Ledger
 from rolloutgate.core.on_engines import (
     on_cache_flushed,
-    on_engine_behind_fleet,
     on_engine_draining,
     on_engine_joined,
     on_engine_left,
     on_engine_paused,
     on_engine_resumed,
+    on_engine_version_lag,
     on_health_checked,
 )
 from rolloutgate.core.on_gate import on_gate_closed, on_gate_opened, on_weights_updated
@@ -108,7 +108,7 @@ class Gateway:
             EngineJoined: on_engine_joined,
             EngineLeft: on_engine_left,
             EngineDraining: on_engine_draining,
-            EngineBehindFleet: on_engine_behind_fleet,
+            EngineVersionLag: on_engine_version_lag,
             EngineHealthChecked: on_health_checked,
             EngineCacheFlushed: on_cache_flushed,
             EnginePaused: on_engine_paused,

@@ -12,8 +12,8 @@ Verdicts (ENGINE clock mode; DESIGN.md is authoritative; the timers' are in verd
   engine goes to the shared queue
 - engine draining (EngineDraining)    -> no new work; pinned waiters Fail(NO_ENGINE), affine waiters go to the
   shared queue, its running calls go on to their end
-- engine behind the fleet             -> as draining: nothing new starts under weights the version policy
-  (EngineBehindFleet)                    forbids; its running calls are the staleness bound's (weights.py)
+- weights behind (EngineVersionLag)   -> nothing starts there whose version policy forbids its weights
+  (dispatcher.py asks `RequestRecord.allows_weights_of`); its running calls are the staleness bound's
 - health check                        -> MarkEngine(healthy | unhealthy) when it changes the state (an
   EngineJoined of a known engine is a re-probe: new limits, and its health as a check)
 - engine paused (EnginePaused)        -> its requests are not charged and its liveness is not judged until
@@ -29,7 +29,6 @@ import math
 from rolloutgate.core.commands import AbortReason, Command, FailReason
 from rolloutgate.core.engine_state import EngineState
 from rolloutgate.core.events import (
-    EngineBehindFleet,
     EngineCacheFlushed,
     EngineDraining,
     EngineHealthChecked,
@@ -37,6 +36,7 @@ from rolloutgate.core.events import (
     EngineLeft,
     EnginePaused,
     EngineResumed,
+    EngineVersionLag,
 )
 from rolloutgate.core.ledger import Ledger, TimerKind
 from rolloutgate.core.records import EngineRecord
@@ -44,12 +44,12 @@ from rolloutgate.core.wait_queue import SHARED
 
 __all__ = (
     "on_cache_flushed",
-    "on_engine_behind_fleet",
     "on_engine_draining",
     "on_engine_joined",
     "on_engine_left",
     "on_engine_paused",
     "on_engine_resumed",
+    "on_engine_version_lag",
     "on_health_checked",
 )
 
@@ -122,15 +122,13 @@ def on_engine_draining(ledger: Ledger, ev: EngineDraining, now: float) -> list[C
     return out
 
 
-def on_engine_behind_fleet(ledger: Ledger, ev: EngineBehindFleet, now: float) -> list[Command]:
+def on_engine_version_lag(ledger: Ledger, ev: EngineVersionLag, now: float) -> list[Command]:
+    """Nothing moves but what may start there: the dispatcher asks each request's policy (dispatcher.py)."""
     engine = ledger.engines.get(ev.engine_id)
-    if engine is None or engine.is_behind == ev.behind:
+    if engine is None or engine.version_lag == ev.lag:
         return []
     out: list[Command] = []
-    engine.is_behind = ev.behind
-    if ev.behind:  # nothing new starts under its weights; what runs is the staleness bound's (weights.py)
-        _send_waiters_elsewhere(ledger, engine, now, out, "its engine holds weights the policy forbids")
-    ledger.refresh_engines(now)
+    engine.version_lag = ev.lag
     ledger.pump(now, out)
     return out
 

@@ -56,6 +56,7 @@ class RequestRecord:
         "is_large_prefill",
         "is_stale_answering",
         "limits",
+        "max_version_lag",
         "pinned_engine",
         "prefill_due_at",
         "prefill_losses",
@@ -83,6 +84,7 @@ class RequestRecord:
         self.prompt_tokens = event.prompt_tokens
         self.streaming = event.streaming
         self.pinned_engine = event.pinned_engine
+        self.max_version_lag = event.max_version_lag
         self.group = event.group
         self.seq = seq
         self.tier = FRESH_TIER
@@ -115,6 +117,12 @@ class RequestRecord:
     def sort_key(self) -> SortKey:
         return (self.tier, self.priority, self.seq)
 
+    def allows_weights_of(self, engine: EngineRecord) -> bool:
+        """Its version policy lets it start on `engine`: a pinned request anywhere (its caller chose the
+        engine), any other where the engine's weights are at most `max_version_lag` versions behind."""
+        lag = self.max_version_lag
+        return lag is None or self.pinned_engine is not None or engine.version_lag <= lag
+
     def move_to(self, state: RequestState) -> None:
         """Change state; raises InvalidTransition (state unchanged) if the table forbids it."""
         self.state = transition(self.state, state)
@@ -131,7 +139,6 @@ class EngineRecord:
         "endured_prefills",
         "engine_id",
         "generated_tokens",
-        "is_behind",
         "is_draining",
         "is_paused",
         "liveness",
@@ -141,6 +148,7 @@ class EngineRecord:
         "slots",
         "state",
         "timers",
+        "version_lag",
     )
 
     def __init__(
@@ -164,7 +172,7 @@ class EngineRecord:
         self.state = EngineState.HEALTHY if is_healthy else EngineState.UNHEALTHY
         self.is_paused = False
         self.is_draining = False  # handed to another gateway: no new work (core/events.py EngineDraining)
-        self.is_behind = False  # older weights than the policy allows: no new work (EngineBehindFleet)
+        self.version_lag = 0  # weight versions behind the newest in the pool (EngineVersionLag)
         self.generated_tokens = 0  # output tokens its requests' own streams reported (not engine-level)
         self.slots = EngineSlots(
             capacity=capacity,
@@ -225,12 +233,7 @@ class EngineRecord:
 
     @property
     def is_schedulable(self) -> bool:
-        return (
-            self.state is EngineState.HEALTHY
-            and not self.is_paused
-            and not self.is_draining
-            and not self.is_behind
-        )
+        return self.state is EngineState.HEALTHY and not self.is_paused and not self.is_draining
 
     def __repr__(self) -> str:
         paused = " paused" if self.is_paused else ""

@@ -72,6 +72,17 @@ class EngineInfo:
     missing: tuple[str, ...] = ()
 
 
+SNAPSHOT_ANSWER_S = 1.0  # real seconds a scheduler between batches (or paused) takes to answer, at most
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSnapshot:
+    """What the scheduler holds (EngineClient.scheduler_snapshot): frozen while its generation is paused."""
+
+    requests: int  # running and waiting
+    tokens: int  # in use and waiting: a decode step or a prefill chunk changes it
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineLoad:
     """Engine-level load: the progress of calls that do not stream (server/engine_watch.py), and for tests.
@@ -221,11 +232,13 @@ class EngineClient(Protocol):
         a pause (None: this engine cannot say, or did not answer)."""
         ...
 
-    async def scheduler_answers(self) -> bool:
-        """Whether the engine's scheduler answers a control request that generates nothing (SGLang
-        `/get_load`: its scheduler answers it between batches and while generation is paused, not while it is
-        wedged in a forward pass). With a health check that hangs, this tells a pause from a hang on an
-        engine without a pause flag (server/pool.py). False where the family has no such request."""
+    async def scheduler_snapshot(self) -> SchedulerSnapshot | None:
+        """The scheduler's own count of what it holds, asked with a control request that generates nothing
+        (SGLang `/get_load`: requests, and tokens in use and waiting), when it answers within
+        `SNAPSHOT_ANSWER_S`: a scheduler answers between batches and at once while generation is paused, not
+        while it is inside a forward pass. Two equal snapshots a while apart, with requests held, tell a
+        pause on an engine without a pause flag (server/pool.py). None: no answer in time, or the family has
+        no such request."""
         ...
 
     def start(self, call: UpstreamCall, on_events: EventSink, on_end: EndSink) -> UpstreamHandle:

@@ -22,6 +22,7 @@ from rolloutgate.engines.base import (
     EngineLoad,
     Readiness,
     Route,
+    SchedulerSnapshot,
     UpstreamCall,
     UpstreamError,
 )
@@ -84,8 +85,8 @@ class OpenAICompatClient(EngineAdapter):
     async def readiness(self) -> Readiness | None:
         return None  # an OpenAI-compatible server has no pause
 
-    async def scheduler_answers(self) -> bool:
-        return False  # nothing to ask
+    async def scheduler_snapshot(self) -> SchedulerSnapshot | None:
+        return None  # nothing to ask
 
     async def load(self) -> EngineLoad:
         raise UpstreamError("a generic OpenAI-compatible engine reports no load", retryable=False)

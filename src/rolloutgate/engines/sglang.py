@@ -34,12 +34,14 @@ import orjson
 
 from rolloutgate.engines.adapter import EngineAdapter
 from rolloutgate.engines.base import (
+    SNAPSHOT_ANSWER_S,
     AssemblyHint,
     EngineFamily,
     EngineInfo,
     EngineLoad,
     Readiness,
     Route,
+    SchedulerSnapshot,
     UpstreamCall,
     UpstreamError,
 )
@@ -281,13 +283,25 @@ class SglangClient(EngineAdapter):
         ping = await status_of(self._session, self.url + "/ping", limits=limits)
         return Readiness.PAUSED if ping is not None and 200 <= ping < 300 else Readiness.NOT_READY
 
-    async def scheduler_answers(self) -> bool:
-        """`/get_load` answers: a round trip to the scheduler, which it serves between batches and while
-        generation is paused (0.5.9 measured: at once during a pause, where `/health` hangs), and not while it
-        is stuck in a forward pass. SGLang 0.5.9 has no `/ready`: this is how its pause is told from a hang."""
-        limits = self._timeouts.control(self._timeouts.load_s)
-        status = await status_of(self._session, self.url + "/get_load", limits=limits)
-        return status is not None and 200 <= status < 300
+    async def scheduler_snapshot(self) -> SchedulerSnapshot | None:
+        """`/get_load`: a round trip to the scheduler, which it serves between batches and at once while
+        generation is paused, and not while it is inside a forward pass; per data-parallel rank its requests
+        (`num_reqs`) and tokens (`num_tokens`: in use, and the waiting requests' lengths). SGLang 0.5.9 has no
+        `/ready`: a snapshot that stays the same while requests are held is how its pause is seen (its
+        `/health` cannot tell: any scheduler reply passes it, another gateway's `/get_load` too)."""
+        limits = self._timeouts.control(SNAPSHOT_ANSWER_S)
+        try:
+            ranks = await get_json(self._session, self.url + "/get_load", limits=limits, what="get_load")
+        except UpstreamError:
+            return None
+        ranks = ranks if isinstance(ranks, list) else [ranks]
+        try:
+            return SchedulerSnapshot(
+                requests=sum(int(r["num_reqs"]) for r in ranks),
+                tokens=sum(int(r["num_tokens"]) for r in ranks),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None  # not SGLang's answer: no snapshot
 
     async def load(self) -> EngineLoad:
         """Running and waiting requests and the generated-token counter from `/metrics` (SGLang with

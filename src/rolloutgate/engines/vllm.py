@@ -32,6 +32,7 @@ from rolloutgate.engines.base import (
     EngineLoad,
     Readiness,
     Route,
+    SchedulerSnapshot,
     UpstreamCall,
     UpstreamError,
 )
@@ -142,8 +143,8 @@ class VllmClient(EngineAdapter):
             return None
         return Readiness.PAUSED if answer["is_paused"] else Readiness.READY
 
-    async def scheduler_answers(self) -> bool:
-        return False  # vLLM states its pause (`/is_paused`), and its `/health` does not wait on one
+    async def scheduler_snapshot(self) -> SchedulerSnapshot | None:
+        return None  # vLLM states its pause (`/is_paused`), and its `/health` does not wait on one
 
     async def load(self) -> EngineLoad:
         limits = self._timeouts.control(self._timeouts.load_s)

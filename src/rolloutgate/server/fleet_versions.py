@@ -1,32 +1,45 @@
-"""The fleet's weight version and the engines behind it (`--version-policy latest-only`).
+"""The pool's weight versions: how far each engine's weights are behind the newest, and version policies.
 
 Theory of operation: each engine states its weight version (SGLang `weight_version` in `/server_info`; the
 pool reads it at join, after a pause nobody announced, after each update and control call that passes
 through). Labels are the trainer's and are never parsed: their order is the order in which the gateway first
-saw each one. The fleet's version is the newest label an engine of the pool holds now, so an engine that
-restarts with its checkpoint's weights, or whose update failed, holds an older one: under `latest-only` it is
-behind, and takes no new work until it holds the fleet's version (core EngineBehindFleet). An engine that
-states no version is never behind. With `any` nobody is.
+saw each one. The fleet's version is the newest label an engine of the pool holds now; an engine's lag is how
+many labels it is behind it (0: it holds the newest; an engine that states no version is never behind). The
+core learns each engine's lag (EngineVersionLag) and starts a request only where its policy allows the lag.
+
+Version policies are SMG's (`x-smg-version-policy`, smg#2529), per request, the gateway's
+`--version-policy` when a request names none:
+
+    any               every engine (the default)
+    latest-only       lag 0: only engines holding the newest weights in the pool
+    max-staleness:K   lag <= K
+    min-version:V     the engine holds V or a newer label: turned into a lag bound when the request arrives
+                      (V must be a label the gateway has seen; not as the gateway's default)
+
+So an engine that restarts with its checkpoint's weights, or whose update failed, serves no request whose
+policy forbids its lag until it is updated; what runs on it goes on, under the staleness bound (core/weights.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
 
-__all__ = ("VERSION_POLICIES", "FleetVersions", "VersionPolicy")
+__all__ = ("VERSION_POLICY_HEADER", "FleetVersions", "VersionPolicyError")
 
-VersionPolicy = Literal["any", "latest-only"]
-VERSION_POLICIES: tuple[VersionPolicy, ...] = ("any", "latest-only")
+VERSION_POLICY_HEADER = "x-smg-version-policy"
+
+
+class VersionPolicyError(ValueError):
+    pass
 
 
 class FleetVersions:
-    __slots__ = ("_first_seen", "behind", "policy")
+    __slots__ = ("_first_seen", "_newest", "lags")
 
-    def __init__(self, policy: VersionPolicy = "any") -> None:
-        self.policy = policy
+    def __init__(self) -> None:
         self._first_seen: dict[str, int] = {}  # label -> its place in the order seen
-        self.behind: set[str] = set()
+        self._newest = -1  # the place of the newest label held at the last judgement
+        self.lags: dict[str, int] = {}  # engine id -> weight versions behind the newest held
 
     def fleet_version(self, held: Mapping[str, str | None]) -> str | None:
         """The newest label among those the engines hold now (None: none states one)."""
@@ -35,15 +48,29 @@ class FleetVersions:
             self._first_seen.setdefault(label, len(self._first_seen))
         return max(labels, key=self._first_seen.__getitem__, default=None)
 
-    def judge(self, held: Mapping[str, str | None]) -> list[tuple[str, bool]]:
-        """The engines whose place changed, with whether each is behind now; `held`: every engine's label."""
+    def judge(self, held: Mapping[str, str | None]) -> list[tuple[str, int]]:
+        """The engines whose lag changed, with their lag now; `held`: every engine's label now."""
         fleet = self.fleet_version(held)
-        behind = (
-            {e for e, label in held.items() if label is not None and label != fleet}
-            if self.policy == "latest-only"
-            else set()
-        )
-        changed = [(e, True) for e in sorted(behind - self.behind)]
-        changed += [(e, False) for e in sorted(self.behind - behind) if e in held]
-        self.behind = behind
+        newest = self._newest = -1 if fleet is None else self._first_seen[fleet]
+        lags = {e: 0 if label is None else newest - self._first_seen[label] for e, label in held.items()}
+        changed = sorted((e, lag) for e, lag in lags.items() if self.lags.get(e, 0) != lag)
+        self.lags = lags
         return changed
+
+    def max_lag(self, policy: str) -> int | None:
+        """The lag a policy allows (None: any). Raises VersionPolicyError for one that does not parse."""
+        if policy == "any":
+            return None
+        if policy == "latest-only":
+            return 0
+        kind, sep, value = policy.partition(":")
+        if sep and kind == "max-staleness" and value.isdigit():
+            return int(value)
+        if sep and kind == "min-version" and value:
+            seen = self._first_seen.get(value)
+            if seen is None:
+                raise VersionPolicyError(f"min-version names a weight version no engine has held: {value!r}")
+            return max(0, self._newest - seen)
+        raise VersionPolicyError(
+            f"version policy must be any, latest-only, max-staleness:K or min-version:V, not {policy!r}"
+        )

@@ -25,6 +25,7 @@ from rolloutgate.server.attach import CachedOutcome, key_for
 from rolloutgate.server.auth import check_admin, check_api_key
 from rolloutgate.server.context import CONTEXT, GatewayContext
 from rolloutgate.server.exchange import Exchange, Outbox
+from rolloutgate.server.fleet_versions import VERSION_POLICY_HEADER, VersionPolicyError
 from rolloutgate.server.guard import enter, error_response, guarded, leave
 from rolloutgate.server.respond import NO_TIMING, KeepAlive, keepalive_for, write_outcome
 from rolloutgate.server.validate import (
@@ -211,6 +212,7 @@ def submit(
     to the core, and the first subscriber's outbox. Raises BadRequest for a malformed group (`group_of`)."""
     limits, priority = limits_for(ctx, headers)
     group = group_of(route, body, headers)
+    max_version_lag = version_bound(ctx, headers)
     streams = bool(body.get("stream"))
     stream_options = body.get("stream_options")
     exchange = Exchange(
@@ -235,9 +237,20 @@ def submit(
             streaming=streams,
             pinned_engine=pinned_engine,
             group=group,
+            max_version_lag=max_version_lag,
         ),
     )
     return exchange, outbox
+
+
+def version_bound(ctx: GatewayContext, headers: Mapping[str, str]) -> int | None:
+    """How many weight versions behind the pool's newest the request's engine may be (None: any): its
+    `x-smg-version-policy`, else the gateway's `--version-policy` (server/fleet_versions.py)."""
+    policy = headers.get(VERSION_POLICY_HEADER) or ctx.settings.version_policy
+    try:
+        return ctx.pool.versions.max_lag(policy.strip())
+    except VersionPolicyError as exc:
+        raise BadRequest(str(exc), param=VERSION_POLICY_HEADER, code="invalid_version_policy") from None
 
 
 async def _replay(ctx: GatewayContext, request: web.Request, cached: CachedOutcome) -> web.StreamResponse:

@@ -16,11 +16,14 @@ was under way), `/ping` answers 503 too and readiness is NOT_READY: the engine s
 health-checked, since only a passing check clears SGLang's mark; it passes once generation continues.
 
 An engine without a pause flag (SGLang 0.5.9: no `/ready`, readiness None) is recognised as paused from what
-it does show: its health check hangs (no answer within `health_timeout`; SGLang's generates a token, which
-waits behind the pause) while its scheduler answers a control request at once (`scheduler_answers`:
-`/get_load`, which a scheduler wedged in a forward pass does not answer). Such a pause is reported
-`EnginePaused` like a flagged one and is never a failed check; it lasts while the checks keep hanging and
-the scheduler keeps answering: the next check passes once generation continues (`EngineResumed` then).
+its scheduler shows (`scheduler_snapshot`: `/get_load`, its requests and tokens): while the gateway has work on
+it, each round takes two snapshots `FROZEN_S` apart; both answered at once, with requests held and nothing
+changed, it is paused (between batches or prefill chunks its tokens move; inside a forward pass, a compile or
+a wedge, it does not answer at once). The pause lasts while the snapshot stays the same, read every
+`PAUSED_POLL_S`. Not its `/health`: 0.5.9's passes on any reply of its scheduler, another gateway's or a
+monitor's `/get_load` too (CI, 2026-12-06: with the e2e suite's other gateways polling, a 30 s pause went
+unseen). An idle engine (nothing held) is seen paused as before: its health check hangs while its scheduler
+answers at once. Such a pause is reported `EnginePaused` like a flagged one and is never a failed check.
 
 Busy is not dead. A health check that gets no answer within `health_timeout` says nothing of an engine the
 core holds work on: SGLang's `/health` generates a token, which waits behind whatever keeps the engine's
@@ -74,17 +77,24 @@ from rolloutgate.config import EngineSpec, GatewaySettings
 from rolloutgate.core.admission import default_prefill_budget
 from rolloutgate.core.engine_state import EngineState
 from rolloutgate.core.events import (
-    EngineBehindFleet,
     EngineCacheFlushed,
     EngineHealthChecked,
     EngineJoined,
     EngineLeft,
     EnginePaused,
     EngineResumed,
+    EngineVersionLag,
     Event,
 )
 from rolloutgate.core.stats import EngineStats
-from rolloutgate.engines.base import EngineClient, EngineFamily, EngineInfo, Readiness, UpstreamError
+from rolloutgate.engines.base import (
+    EngineClient,
+    EngineFamily,
+    EngineInfo,
+    Readiness,
+    SchedulerSnapshot,
+    UpstreamError,
+)
 from rolloutgate.engines.detect import detect_family, make_client
 from rolloutgate.server.fleet_versions import FleetVersions
 from rolloutgate.vocabulary import folder_vocab_size
@@ -98,6 +108,7 @@ QUARANTINED = EngineState.QUARANTINED.value
 PENDING = "pending"  # registered, not joined yet: its probe has not succeeded (module docstring)
 PAUSED_POLL_S = 0.25  # gateway seconds between readiness reads of an engine paused by someone else
 PROBE_SHARE = 0.6  # of hang_check_timeout: the health probe of a pause check on an engine without a flag
+FROZEN_S = 1.0  # gateway seconds between the two scheduler snapshots that show a pause without a flag
 
 
 @dataclass(eq=False, slots=True)
@@ -113,6 +124,8 @@ class EngineHandle:
     paused_by_engine: bool = False  # it says it is paused, and not by the gateway (a trainer, directly)
     # what a trainer's calls through the RL control plane stopped on it ("pause", "sleep": server/rl_plane.py)
     control_holds: set[str] = field(default_factory=set)
+    # an engine without a pause flag seen paused by its scheduler's frozen snapshot: that snapshot, until it moves
+    paused_snapshot: SchedulerSnapshot | None = None
 
     def is_in_maintenance(self) -> bool:
         return self.maintenance > 0
@@ -191,10 +204,9 @@ class EnginePool:
     _pause_reads: set[asyncio.Task[None]] = field(default_factory=set)
     _tokenizer_vocab: int | None = field(init=False, default=None)
     _told_unknown_vocab: bool = field(init=False, default=False)
-    versions: FleetVersions = field(init=False)  # the fleet's weight version, who is behind it
+    versions: FleetVersions = field(default_factory=FleetVersions)  # how far each engine's weights lag
 
     def __post_init__(self) -> None:
-        self.versions = FleetVersions(self.settings.version_policy)
         if self.settings.tokenizer:
             self._tokenizer_vocab = folder_vocab_size(self.settings.tokenizer)
         self._pool_changed()
@@ -285,7 +297,7 @@ class EnginePool:
         self.engines[handle.engine_id] = handle
         budget = self.prefill_budget(info, capacity)
         self.emit(EngineJoined(engine_id=handle.engine_id, capacity=capacity, prefill_token_budget=budget))
-        self._pool_changed()  # after it joined: the core learns whether it is behind the fleet
+        self._pool_changed()  # after it joined: the core learns how far its weights lag
         handle.health_task = asyncio.create_task(self._health_loop(handle), name=f"health-{handle.engine_id}")
         log.info("engine joined", extra={"engine": handle.engine_id, "url": spec.url, "capacity": capacity})
         if info.missing:
@@ -334,19 +346,20 @@ class EnginePool:
         return handle
 
     def _pool_changed(self) -> None:
-        """What follows from the engines and their facts: the vocabulary, and which engines are behind the
-        fleet's weight version (server/fleet_versions.py)."""
+        """What follows from the engines and their facts: the vocabulary, and how many weight versions each
+        engine is behind the newest in the pool (server/fleet_versions.py)."""
         self._learn_vocab()
         held = {h.engine_id: h.info.weight_version for h in self.engines.values()}
-        for engine_id, behind in self.versions.judge(held):
+        for engine_id, lag in self.versions.judge(held):
             log.warning(
-                "%s holds weight version %s, the pool's newest is %s: %s",
+                "%s holds weight version %s, %d behind the pool's newest (%s): requests whose version policy "
+                "allows less do not start there",
                 engine_id,
                 held[engine_id],
+                lag,
                 self.versions.fleet_version(held),
-                "it takes no new work until it is updated" if behind else "it takes work again",
             )
-            self.emit(EngineBehindFleet(engine_id=engine_id, behind=behind))
+            self.emit(EngineVersionLag(engine_id=engine_id, lag=lag))
 
     async def renew_info(self, handle: EngineHandle) -> bool:
         """Probe the engine again for its facts (its weight version above all); True when the version changed:
@@ -442,52 +455,76 @@ class EnginePool:
         try:
             async with asyncio.timeout(self.real_seconds(check_s)):
                 readiness = await handle.client.readiness()
-                paused = readiness is Readiness.PAUSED
-                if readiness is None:  # no flag: a probe that hangs while the scheduler answers
-                    probe = await self._check_health(handle, check_s * PROBE_SHARE)
-                    paused = probe is None and await handle.client.scheduler_answers()
+                paused, frozen = readiness is Readiness.PAUSED, None
+                if readiness is None:  # no flag: its scheduler's snapshot frozen, else a hung probe (idle)
+                    frozen = await self._paused_without_flag(handle)
+                    paused = frozen is not None
+                    if not paused:
+                        probe = await self._check_health(handle, check_s * PROBE_SHARE)
+                        paused = probe is None and await self._scheduler_idle(handle)
         except TimeoutError:
             return  # no answer in time (hung, as a rule): the core judges it when its check time is up
         if paused and self.engines.get(handle.engine_id) is handle:
-            await self._paused_by_engine(handle)
+            await self._paused_by_engine(handle, frozen)
 
     async def _health_loop(self, handle: EngineHandle) -> None:
+        """Each engine's watch, for its whole life: a round that raises is logged and the next one runs (a lost
+        loop would leave the engine unwatched: a pause nobody announced charged, a resume never seen)."""
         interval = self.real_seconds(self.settings.health_interval)
         paused_interval = min(interval, self.real_seconds(PAUSED_POLL_S))
-        client = handle.client
         while True:
             await asyncio.sleep(paused_interval if handle.paused_by_engine else interval)
-            if handle.is_in_maintenance():
-                continue  # the admin API pauses or updates it (server/admin.py): its pause is the gateway's
-            readiness = await client.readiness()
-            if readiness is Readiness.PAUSED:
-                await self._paused_by_engine(handle)
-                continue
-            if handle.paused_by_engine and readiness is None:  # a pause seen in what it shows (docstring)
-                outcome = await self._check_health(handle)
-                if handle.is_in_maintenance() or (outcome is None and await client.scheduler_answers()):
-                    continue  # still paused (or the admin API's now)
-                await self._resumed_by_engine(handle)
-                self._record_check(handle, outcome)
-                continue
-            if handle.paused_by_engine and readiness is Readiness.NOT_READY:
-                if await self._check_health(handle):  # clears SGLang's mark once generation continues
+            try:
+                await self._health_round(handle)
+            except Exception:  # a gateway bug: the loop goes on (cancellation is not an Exception)
+                log.exception("%s: health check round failed", handle.engine_id)
+
+    async def _health_round(self, handle: EngineHandle) -> None:
+        """One look at the engine: its pause flag, then its health check (module docstring)."""
+        client = handle.client
+        if handle.is_in_maintenance():
+            return  # the admin API pauses or updates it (server/admin.py): its pause is the gateway's
+        readiness = await client.readiness()
+        if readiness is Readiness.PAUSED:
+            await self._paused_by_engine(handle)
+            return
+        if handle.paused_by_engine and readiness is None:  # a pause seen in what it shows (docstring)
+            if handle.paused_snapshot is not None:  # seen frozen: paused while its snapshot stays so
+                if await client.scheduler_snapshot() != handle.paused_snapshot:
                     await self._resumed_by_engine(handle)
-                    self._record_health(handle, True)
-                continue
-            if handle.paused_by_engine:
+                return
+            outcome = await self._check_health(handle)  # seen idle, by a hung check
+            if handle.is_in_maintenance() or (outcome is None and await self._scheduler_idle(handle)):
+                return  # still paused (or the admin API's now)
+            await self._resumed_by_engine(handle)
+            self._record_check(handle, outcome)
+            return
+        if handle.paused_by_engine and readiness is Readiness.NOT_READY:
+            if await self._check_health(handle):  # clears SGLang's mark once generation continues
                 await self._resumed_by_engine(handle)
-            ok = await self._check_health(handle)
-            if handle.is_in_maintenance():
-                continue  # a paused or updating engine may fail its health probe (SGLang's generates a token)
-            if not ok:
-                again = await client.readiness()  # the pause may have begun during the check
-                if again is Readiness.PAUSED or (
-                    again is None and ok is None and await client.scheduler_answers()
-                ):
-                    await self._paused_by_engine(handle)
-                    continue
-            self._record_check(handle, ok)
+                self._record_health(handle, True)
+            return
+        if handle.paused_by_engine:
+            await self._resumed_by_engine(handle)
+        if readiness is None and self.engine_in_flight(handle.engine_id) > 0:
+            frozen = await self._paused_without_flag(handle)
+            if frozen is not None and not handle.is_in_maintenance():
+                await self._paused_by_engine(handle, frozen)
+                return
+        ok = await self._check_health(handle)
+        if handle.is_in_maintenance():
+            return  # a paused or updating engine may fail its health probe (SGLang's generates a token)
+        if not ok:
+            again = await client.readiness()  # the pause may have begun during the check
+            if again is Readiness.PAUSED:
+                await self._paused_by_engine(handle)
+                return
+            if again is None and ok is None:  # hung: paused if its scheduler is frozen, or idle
+                frozen = await self._paused_without_flag(handle)
+                if frozen is not None or await self._scheduler_idle(handle):
+                    await self._paused_by_engine(handle, frozen)
+                    return
+        self._record_check(handle, ok)
 
     async def _check_health(self, handle: EngineHandle, limit_s: float | None = None) -> bool | None:
         """True: the check passed; False: it failed; None: no answer within `limit_s` gateway seconds
@@ -504,7 +541,24 @@ class EnginePool:
         except UpstreamError:
             return False
 
-    async def _paused_by_engine(self, handle: EngineHandle) -> None:
+    async def _paused_without_flag(self, handle: EngineHandle) -> SchedulerSnapshot | None:
+        """An engine without a pause flag, paused: its scheduler answers at once, holds requests, and holds
+        them unchanged `FROZEN_S` later (between batches or prefill chunks its tokens move; inside a forward
+        pass it does not answer). The frozen snapshot; None when not so."""
+        first = await handle.client.scheduler_snapshot()
+        if first is None or first.requests == 0:
+            return None
+        await asyncio.sleep(self.real_seconds(FROZEN_S))
+        return first if await handle.client.scheduler_snapshot() == first else None
+
+    async def _scheduler_idle(self, handle: EngineHandle) -> bool:
+        """Its scheduler answers at once and holds nothing: with a hung health check, an idle pause (a busy one
+        shows in `_paused_without_flag`; a scheduler inside a forward pass does not answer)."""
+        snapshot = await handle.client.scheduler_snapshot()
+        return snapshot is not None and snapshot.requests == 0
+
+    async def _paused_by_engine(self, handle: EngineHandle, frozen: SchedulerSnapshot | None = None) -> None:
+        handle.paused_snapshot = frozen
         output_at = None
         if not handle.paused_by_engine:
             handle.paused_by_engine = True
@@ -519,7 +573,7 @@ class EnginePool:
         self.emit(EnginePaused(engine_id=handle.engine_id, unannounced=True, last_output_at=output_at))
 
     async def _resumed_by_engine(self, handle: EngineHandle) -> None:
-        handle.paused_by_engine = False
+        handle.paused_by_engine, handle.paused_snapshot = False, None
         log.warning("%s (%s) continues generating", handle.engine_id, handle.url)
         self.emit(EngineResumed(engine_id=handle.engine_id))
         await self._read_weight_version(handle)

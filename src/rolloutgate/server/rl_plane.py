@@ -184,7 +184,7 @@ def _worker(ctx: GatewayContext, handle: EngineHandle) -> dict[str, Any]:
         # beyond SMG: whether it generates now, and what holds it
         "held": sorted(handle.control_holds),
         "paused": bool(handle.control_holds) or handle.paused_by_engine,
-        "behind": handle.engine_id in ctx.pool.versions.behind,  # older weights than --version-policy allows
+        "version_lag": ctx.pool.versions.lags.get(handle.engine_id, 0),  # versions behind the pool's newest
     }
 
 
