@@ -17,7 +17,7 @@ Progress is cheap to watch: adapters count tokens per event without parsing the 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -268,4 +268,11 @@ class EngineClient(Protocol):
 
     async def update_weights(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """Forward a weight-update call (e.g. `/update_weights_from_disk`) and return the engine's answer."""
+        ...
+
+    async def post_raw(
+        self, path_and_query: str, body: bytes, headers: Mapping[str, str], *, limit: int
+    ) -> tuple[int, str, bytes]:
+        """POST `body` as it came (a trainer's call through the RL control plane); the engine's status, media
+        type and at most `limit` bytes of its answer. Raises OSError when it answers nothing."""
         ...

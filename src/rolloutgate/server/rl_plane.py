@@ -35,6 +35,7 @@ import re
 import time
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 import orjson
@@ -43,6 +44,7 @@ from aiohttp import web
 from rolloutgate.core.engine_state import EngineState
 from rolloutgate.core.events import EngineCacheFlushed, EnginePaused, EngineResumed
 from rolloutgate.engines.base import EngineFamily, UpstreamError
+from rolloutgate.engines.upstream_wire import UpstreamProtocolError
 from rolloutgate.server.auth import check_admin
 from rolloutgate.server.context import CONTEXT, GatewayContext
 from rolloutgate.server.guard import guarded
@@ -234,19 +236,22 @@ class _Call:
 
 async def _send(ctx: GatewayContext, handle: EngineHandle, call: _Call) -> dict[str, Any]:
     """The engine's answer in SMG's envelope; raises _Refused when it answered nothing."""
-    limits = aiohttp.ClientTimeout(total=ctx.settings.rl_control_timeout)
     started = time.perf_counter()
     try:
-        async with ctx.session.request(
-            call.method,
-            f"{handle.url}/{call.path}",
-            params=call.query,
-            data=call.body or None,
-            headers=call.headers,
-            timeout=limits,
-        ) as resp:
-            raw = await resp.content.read(MAX_BODY_BYTES + 1)
-            status, is_json = resp.status, resp.content_type == "application/json"
+        if call.method == "POST":  # the trainer's calls: on the engine's lean pool (EngineAdapter.post_raw)
+            target = "/" + call.path + (("?" + urlencode(call.query)) if call.query else "")
+            async with asyncio.timeout(ctx.settings.rl_control_timeout):
+                status, media, raw = await handle.client.post_raw(
+                    target, call.body, call.headers, limit=MAX_BODY_BYTES + 1
+                )
+            is_json = media == "application/json"
+        else:
+            limits = aiohttp.ClientTimeout(total=ctx.settings.rl_control_timeout)
+            async with ctx.session.get(
+                f"{handle.url}/{call.path}", params=call.query, headers=call.headers, timeout=limits
+            ) as resp:
+                raw = await resp.content.read(MAX_BODY_BYTES + 1)
+                status, is_json = resp.status, resp.content_type == "application/json"
     except TimeoutError:
         raise _Refused(
             504,
@@ -255,7 +260,7 @@ async def _send(ctx: GatewayContext, handle: EngineHandle, call: _Call) -> dict[
             worker_id=handle.engine_id,
             url=handle.url,
         ) from None
-    except (aiohttp.ClientError, OSError) as exc:
+    except (aiohttp.ClientError, OSError, UpstreamProtocolError) as exc:
         raise _Refused(
             502,
             "upstream_unreachable",
