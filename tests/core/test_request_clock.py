@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from rolloutgate.core.request_clock import ChargeClass, ChargeMeter, RequestClock
+from rolloutgate.core.charge_meter import ChargeClass, ChargeMeter
+from rolloutgate.core.request_clock import RequestClock
 
 FREE, SOLO = ChargeClass.FREE, ChargeClass.SOLO
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from rolloutgate.core.charge_meter import HISTORY, ChargeClass, ChargeMeter
 from rolloutgate.core.commands import Abort, Complete, Fail, MarkEngine
 from rolloutgate.core.events import EnginePaused, EngineResumed, ProgressReported
-from rolloutgate.core.request_clock import HISTORY, ChargeClass, ChargeMeter, RequestClock
+from rolloutgate.core.request_clock import RequestClock
 from tests.core.helpers import Harness, reference
 
 

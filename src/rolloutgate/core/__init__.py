@@ -14,7 +14,8 @@ Module map:
     on_requests, on_engines, on_gate  the event handlers: requests, engines, the gate and weight updates
     verdicts                          the timers: when each deadline is, and what happens when it passes
     view                              `Gateway.inspect()`: the state, read-only, for tests and debugging
-    request_clock                     the one home of budget arithmetic (charged, queue, paused, contention)
+    charge_meter, request_clock       the one home of budget arithmetic: what each engine's (and the queue's)
+                                      time was, and each request's charged, queue, paused, contention
     wait_queue, dispatcher            who waits where, what starts next (O(log n) per decision)
     admission, session_table          per-engine slots, prefill budget and rest; where each session's prefix lives
     placement/                        one module per policy behind `PlacementPolicy`

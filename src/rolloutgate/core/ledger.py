@@ -31,6 +31,7 @@ from __future__ import annotations
 import enum
 import math
 
+from rolloutgate.core.charge_meter import ChargeClass, ChargeMeter
 from rolloutgate.core.commands import (
     Abort,
     AbortReason,
@@ -50,7 +51,6 @@ from rolloutgate.core.group_table import GroupTable
 from rolloutgate.core.liveness import prefill_allowance_s
 from rolloutgate.core.placement import make_policy
 from rolloutgate.core.records import FRONT_TIER, NO_ENGINES, EngineRecord, RequestRecord
-from rolloutgate.core.request_clock import ChargeClass, ChargeMeter
 from rolloutgate.core.request_state import RequestState
 from rolloutgate.core.session_table import SessionTable
 from rolloutgate.core.timer_heap import TimerHeap

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 
+from rolloutgate.core.charge_meter import ChargeClass
 from rolloutgate.core.commands import AbortReason, Command, Complete, FailReason, GroupOutcome
 from rolloutgate.core.engine_state import EngineState
 from rolloutgate.core.events import (
@@ -45,7 +46,6 @@ from rolloutgate.core.events import (
 )
 from rolloutgate.core.ledger import Ledger, TimerKind
 from rolloutgate.core.records import EngineRecord, RequestRecord
-from rolloutgate.core.request_clock import ChargeClass
 from rolloutgate.core.request_state import RequestState
 
 __all__ = (

@@ -7,7 +7,7 @@ that count against `max_attempts` (the first one plus each retry after a refused
 stuck request), `prefill_losses` the engines that dropped it before its first token, `tokens` the output seen so far in the visible stream.
 
 `EngineRecord`: one per engine in the pool, owned by the gateway. It composes the per-engine parts
-(admission.EngineSlots, request_clock.ChargeMeter, liveness.EngineLiveness) and two timer heaps, one per charge
+(admission.EngineSlots, charge_meter.ChargeMeter, liveness.EngineLiveness) and two timer heaps, one per charge
 class, holding each in-flight request's next virtual deadline (charged timeout or stall check, see
 request_clock.py). It is also the read-only `EngineView` that placement policies see.
 
@@ -24,11 +24,12 @@ from __future__ import annotations
 import math
 
 from rolloutgate.core.admission import EngineSlots
+from rolloutgate.core.charge_meter import ChargeMeter
 from rolloutgate.core.engine_state import EngineState
 from rolloutgate.core.events import RequestArrived, RequestLimits
 from rolloutgate.core.liveness import EngineLiveness
 from rolloutgate.core.placement.base import PlacementRequest
-from rolloutgate.core.request_clock import ChargeMeter, RequestClock
+from rolloutgate.core.request_clock import RequestClock
 from rolloutgate.core.request_state import RequestState, transition
 from rolloutgate.core.session_table import SessionTable
 from rolloutgate.core.timer_heap import TimerHeap

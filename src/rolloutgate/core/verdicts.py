@@ -36,11 +36,11 @@ from __future__ import annotations
 
 import math
 
+from rolloutgate.core.charge_meter import EPSILON_S, ChargeClass
 from rolloutgate.core.commands import AbortReason, CheckEngine, Command, FailReason
 from rolloutgate.core.engine_state import EngineState
 from rolloutgate.core.ledger import CHARGE_CLASSES, Ledger, TimerKind
 from rolloutgate.core.records import EngineRecord, RequestRecord
-from rolloutgate.core.request_clock import EPSILON_S, ChargeClass
 
 __all__ = ("fire", "flush_deadlines", "hung_at")
 

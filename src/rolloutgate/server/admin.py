@@ -10,6 +10,15 @@ core's events:
     update (staggered):    for each engine in turn: EnginePaused(e) -> [drain: wait for e's in-flight] ->
                            pause e -> update e -> continue e -> EngineResumed(e); the others keep serving
 
+All or none (`"on_failure"`, all at once only). The engines are the pool as the update begins. With `keep`
+(the default) an engine whose update failed is reported and serves on (its old weights: `--version-policy
+latest-only` keeps requests off it). With `exclude` it is taken out of the pool before generation continues
+(EngineLeft: what it held is re-queued on the others, charge forgiven), so nothing is served on mixed weights;
+the trainer registers it again once it holds the fleet's weights. With `rollback` the engines that did update
+are given `rollback_body` (the previous weights, as the trainer names them) on the same path, and the failed
+ones, and any whose roll back failed, are taken out: the pool serves the previous weights, uniformly. The
+report says which engines were taken out and which rolled back.
+
 Engine pause modes per family: SGLang `pause_generation` (abort, retract, in_place), vLLM `/pause`
 (abort, wait, keep); a drain needs no engine call (the gateway simply stops dispatching), nor does `external`:
 a trainer that pauses and continues the engines itself (miles) says so with `POST /admin/pause {"mode":
@@ -264,6 +273,25 @@ async def update_all_weights(app: web.Application, body: dict[str, Any]) -> Answ
             param="mode",
             code="invalid_mode",
         )
+    on_failure = body.get("on_failure", "keep")
+    if on_failure not in _ON_FAILURE:
+        raise BadRequest(
+            f"'on_failure' must be one of {list(_ON_FAILURE)}", param="on_failure", code="invalid_value"
+        )
+    rollback_body = body.get("rollback_body")
+    if on_failure == "rollback" and not isinstance(rollback_body, dict):
+        raise BadRequest(
+            "'on_failure': 'rollback' needs 'rollback_body': the update call that puts the previous weights back",
+            param="rollback_body",
+            code="invalid_value",
+        )
+    if on_failure != "keep" and body.get("staggered"):
+        raise BadRequest(
+            "'on_failure' other than keep needs an all-at-once update (a staggered one serves the new weights "
+            "on some engines while the others are updated)",
+            param="on_failure",
+            code="invalid_value",
+        )
     drain_timeout = body.get("drain_timeout", 600.0)
     if (
         isinstance(drain_timeout, bool)
@@ -276,6 +304,7 @@ async def update_all_weights(app: web.Application, body: dict[str, Any]) -> Answ
     engines = list(ctx.pool.engines.values())
     started = ctx.driver.clock.now()
     gate = app[GATE]
+    settled: dict[str, Any] = {"excluded": [], "rolled_back": []}
     if body.get("staggered"):
         results = []
         for engine in engines:
@@ -291,8 +320,10 @@ async def update_all_weights(app: web.Application, body: dict[str, Any]) -> Answ
                     )
                 await _pause_engines(engines, mode)
                 results = list(await asyncio.gather(*(_update_one(ctx, e, path, payload) for e in engines)))
-                await _resume_engines(engines, mode)
-                _count_update(ctx, results)
+                settled = await _settle_failures(ctx, engines, results, on_failure, path, rollback_body)
+                await _resume_engines([e for e in engines if e.engine_id in ctx.pool.engines], mode)
+                if not settled.get("rolled_back"):
+                    _count_update(ctx, results)
         finally:
             ctx.driver.handle(GateOpened())
     report = {
@@ -301,9 +332,37 @@ async def update_all_weights(app: web.Application, body: dict[str, Any]) -> Answ
         "staggered": bool(body.get("staggered")),
         "seconds": round(ctx.driver.clock.now() - started, 4),
         "engines": results,
+        "on_failure": on_failure,
+        **settled,
     }
     gate.last_update = report
     return Answer(200 if report["ok"] else 502, report, engines=_urls(engines))
+
+
+_ON_FAILURE = ("keep", "exclude", "rollback")
+
+
+async def _settle_failures(
+    ctx: GatewayContext,
+    engines: list[EngineHandle],
+    results: list[dict[str, Any]],
+    on_failure: str,
+    path: str,
+    rollback_body: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """All or none (module docstring): the engines taken out, and those rolled back, for the report."""
+    failed = [e for e, r in zip(engines, results, strict=True) if not r["ok"]]
+    if not failed or on_failure == "keep":
+        return {"excluded": [], "rolled_back": []}
+    rolled_back: list[str] = []
+    if on_failure == "rollback" and rollback_body is not None:
+        updated = [e for e in engines if e not in failed]
+        undone = await asyncio.gather(*(_update_one(ctx, e, path, rollback_body) for e in updated))
+        rolled_back = [r["engine"] for r in undone if r["ok"]]
+        failed += [e for e, r in zip(updated, undone, strict=True) if not r["ok"]]
+    for engine in failed:  # off new and mixed weights: what it held goes to the others (EngineLeft)
+        ctx.pool.remove(engine.engine_id)
+    return {"excluded": [e.engine_id for e in failed], "rolled_back": rolled_back}
 
 
 def _count_update(ctx: GatewayContext, results: list[dict[str, Any]]) -> None:

@@ -39,7 +39,7 @@ nothing (vLLM#46811); otherwise each passing check would put it back in service 
 would wait a stall window again.
 
 Every pause learned here is `unannounced`: the core counts it from the engine's last progress, not from
-when it was seen (core/request_clock.py `backdate_pause`), so the health loop's delay charges nobody.
+when it was seen (core/charge_meter.py `backdate_pause`), so the health loop's delay charges nobody.
 
 Before the core judges a silent engine hung it asks for its pause flag (`CheckEngine`, core/liveness.py):
 `read_pause` reads it at once, so a pause the health loop has not seen yet (its loop sleeping, or inside a
