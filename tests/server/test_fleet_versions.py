@@ -20,11 +20,23 @@ def test_lag_counts_the_labels_between_an_engines_and_the_newest_held() -> None:
     assert versions.judge({"e1": "default"}) == [("e1", 0)]
 
 
-def test_labels_are_never_parsed_only_ordered_by_first_sight() -> None:
+def test_other_labels_are_ordered_by_first_sight_after_default_and_the_numbers() -> None:
     versions = FleetVersions()
     versions.judge({"e0": "step-10"})
     assert versions.judge({"e0": "step-10", "e1": "step-9"}) == [("e0", 1)]  # step-9 seen later: newer
     assert versions.judge({"e0": "step-10", "e1": "step-9", "e2": None}) == []  # no version: never behind
+    assert versions.judge({"e0": "step-10", "e1": "step-9", "e2": "default"}) == [("e2", 2)]
+
+
+def test_a_gateway_started_mid_run_orders_default_and_step_numbers_whatever_it_probes_first() -> None:
+    """Restarted mid-run, the gateway meets an engine on 41 before one restarted on `default`, and 40 after:
+    numbers go by their value, `default` is the oldest."""
+    versions = FleetVersions()
+    assert versions.judge({"e0": "41"}) == []
+    assert versions.judge({"e0": "41", "e1": "default"}) == [("e1", 1)]
+    assert versions.judge({"e0": "41", "e1": "default", "e2": "40"}) == [("e1", 2), ("e2", 1)]
+    assert versions.judge({"e0": "41", "e1": "41", "e2": "9"}) == [("e1", 0), ("e2", 2)]  # 9 < 40 < 41
+    assert versions.max_lag("min-version:40") == 1  # default, 9, 40, 41: an engine on 40 lags the newest by 1
 
 
 @pytest.mark.parametrize(
