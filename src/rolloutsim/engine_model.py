@@ -134,6 +134,14 @@ class EngineModel:
     def kv_used_tokens(self) -> int:
         return self._kv_used
 
+    @property
+    def kv_filled_tokens(self) -> int:
+        """KV holding computed tokens: a prompt in prefill counts as far as its chunks went, as SGLang allocates
+        a prompt's KV chunk by chunk (its `/get_load` tokens grow between chunks; `kv_used_tokens` reserves the
+        whole context at admission)."""
+        unfilled = sum(max(0, r.context_tokens - r.prefilled) for r in self._prefilling.values())
+        return self._kv_used - unfilled
+
     def request(self, rid: str) -> SimRequest | None:
         """A live or recently finished request."""
         return self._live.get(rid) or self._recent.get(rid)

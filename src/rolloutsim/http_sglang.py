@@ -490,7 +490,8 @@ class SGLangRoutes:
                     "dp_rank": 0,
                     "num_reqs": s["num_running_reqs"] + s["num_waiting_reqs"],
                     "num_waiting_reqs": s["num_waiting_reqs"],
-                    "num_tokens": s["num_total_tokens"],
+                    # as SGLang's: KV in use as computed so far (chunk by chunk in a prefill), and what waits
+                    "num_tokens": self.engine.model.kv_filled_tokens + s["num_waiting_uncached_tokens"],
                     "num_pending_tokens": s["num_waiting_uncached_tokens"],
                     "ts_tic": time.time(),
                 }

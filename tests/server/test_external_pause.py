@@ -209,3 +209,28 @@ async def test_a_pause_without_a_flag_is_seen_though_other_clients_ask_the_sched
     assert abs(timing["charged"] - engine_work_s) <= 1.0, (engine_work_s, timing)
     assert abs(timing["paused"] - engine_pause_s) <= 1.0, (engine_pause_s, timing)
     assert await quarantines(http, gateway.url) == 0
+
+
+@pytest.mark.looptime
+async def test_a_long_prefill_alone_on_an_engine_without_a_flag_is_not_taken_for_a_pause(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
+) -> None:
+    """The pause rule without a flag reads the scheduler's snapshot frozen while requests are held; a long
+    prefill, alone on its engine, moves it chunk by chunk (SGLang allocates a prompt's KV as it goes), so the
+    engine is never taken for paused and the prefill is charged."""
+    cluster = await make_cluster(engines=1, time_scale=SCALE, sglang_ready_route=False, profile="incident")
+    gateway = await make_gateway(cluster, stall_timeout=60.0)
+    pool = gateway.context.pool
+    call = asyncio.create_task(http.post(f"{gateway.url}/generate", json=generate_body(60_000, 20), timeout=None))
+    seen_paused = False
+    for _ in range(100_000):  # bounded: until the call ends
+        if call.done():
+            break
+        seen_paused = seen_paused or any(h.paused_by_engine for h in pool.engines.values())
+        await asyncio.sleep(0.25 / SCALE)
+    response = await call
+    assert response.status_code == 200, response.text
+    timing = final_timing(response)
+    print(f"a 60,000-token prefill alone: {timing}")
+    assert not seen_paused and timing["paused"] == 0.0, timing
+    assert timing["charged"] > 10.0, timing  # the prefill itself, charged: long enough for health rounds
