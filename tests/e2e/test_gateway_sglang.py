@@ -8,6 +8,7 @@ import asyncio
 import itertools
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -239,6 +240,13 @@ async def test_abort_by_rid_through_the_gateway(
     await wait_for("the engine idle", lambda: scrape(url), lambda m: m.running == 0, 15.0)
 
 
+def started_count(events: list[asyncio.Event]) -> Callable[[], Awaitable[int]]:
+    async def count() -> int:
+        return sum(event.is_set() for event in events)
+
+    return count
+
+
 async def test_abort_all_through_the_gateway_ends_every_call(
     engines: EngineSet, gateways: MakeGateway
 ) -> None:
@@ -248,7 +256,8 @@ async def test_abort_all_through_the_gateway_ends_every_call(
     slots = len(engines.urls) * engines.max_num_seqs
     events = [asyncio.Event() for _ in range(slots + 2)]  # two more than fit: they wait in the gateway
     tasks = [asyncio.create_task(stream_generate(gateway.url, generate_body(LONG), e)) for e in events]
-    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events[:slots])), 60.0)
+    # Any `slots` of them: the calls reach the gateway in no set order, so which two wait is not known.
+    await wait_for("the engines full", started_count(events), lambda n: n >= slots, 60.0)
     await asyncio.sleep(0.5)
     async with httpx.AsyncClient(timeout=30.0) as client:
         aborted = await client.post(gateway.url + "/abort_request", json={"abort_all": True})
