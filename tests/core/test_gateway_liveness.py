@@ -236,7 +236,9 @@ def test_an_engine_that_stays_silent_after_its_check_is_quarantined_once_per_sil
     assert h.commands(CheckEngine) == [CheckEngine(engine_id="e1")] and h.commands(MarkEngine) == []
     out = h.advance(0.2)  # judged when its window ends: the check cost the verdict no time
     [mark] = of(out, MarkEngine)
-    assert mark.state == "quarantined" and next(t for t, c in h.log if c is mark) == pytest.approx(busy_at + 10.0)
+    assert mark.state == "quarantined" and next(t for t, c in h.log if c is mark) == pytest.approx(
+        busy_at + 10.0
+    )
     assert [(a.request_id, a.reason) for a in of(out, Abort)] == [("a", AbortReason.ENGINE_HUNG)]
     assert h.engine_of["a"] == "e2"
     h.advance(9.0)  # a new silence on e2: its own check (at 18), then its own verdict (at 20)

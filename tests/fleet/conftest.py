@@ -4,7 +4,18 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.fleet.local_fleet import LocalFleet, local_fleet
 
 collect_ignore = (
     [] if importlib.util.find_spec("ray") else ["on_ray.py", "test_on_ray.py", "test_replica_death.py"]
 )
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[LocalFleet]:
+    async with local_fleet() as running:
+        yield running

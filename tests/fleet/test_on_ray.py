@@ -24,8 +24,8 @@ from rolloutgate.config import GatewaySettings
 from rolloutgate.fleet import Fleet
 from rolloutgate.fleet.assignment import named_replica
 from rolloutgate.fleet.routing import REPLICA_HEADER, VIA_HEADER
+from tests.fleet.local_fleet import key_owned_by, long_generate
 from tests.fleet.on_ray import fleet_on_ray, pools, pools_hold, simulated_engines, wait_for
-from tests.fleet.test_in_process import key_owned_by, long_generate
 
 pytestmark = pytest.mark.fleet
 

@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rolloutgate.fleet.assignment import EngineEntry, FleetView
 from rolloutgate.fleet.operations import OPERATIONS, ReplicaResult, compose
-from rolloutgate.fleet.routing import FLEET_READS, FLEET_WIDE
+from rolloutgate.fleet.routing import FLEET_READS, FLEET_RL, FLEET_WIDE
 from rolloutgate.server.answer import Answer
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
@@ -94,7 +94,7 @@ def test_engine_metrics_of_every_replica_merge_with_replica_qualified_ids_and_a_
 
 
 def test_every_route_the_edge_sends_the_controller_has_an_operation() -> None:
-    assert set(OPERATIONS) == {*FLEET_WIDE.values(), *FLEET_READS.values()}
+    assert set(OPERATIONS) == {*FLEET_WIDE.values(), *FLEET_READS.values(), FLEET_RL}
 
 
 def test_every_replicas_own_metrics_merge_with_a_replica_label() -> None:

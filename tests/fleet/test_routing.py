@@ -144,6 +144,18 @@ def test_engine_control_is_for_the_whole_fleet_through_the_controller_never_a_ho
     assert {"pause", "resume", "update_weights", "abort_request", "flush_cache"} <= set(FLEET_WIDE.values())
 
 
+def test_the_trainers_control_plane_is_one_fleet_wide_operation_whatever_its_route() -> None:
+    for method, path in [
+        ("GET", "/v1/rl/workers"),
+        ("GET", "/v1/rl/workers/e-0123"),
+        ("POST", "/v1/rl/workers/e-0123/engine/pause_generation"),
+        ("POST", "/v1/rl/engine/update_weights_from_disk"),
+        ("DELETE", "/v1/rl/nowhere"),  # no route: the composed answer says so (404), as one gateway's
+    ]:
+        assert where(method, path, key="k1") == FleetWide("rl"), path
+    assert where("GET", "/v1/rlx", key="k1") == Here()
+
+
 def test_session_of_path() -> None:
     assert session_of_path("/sessions/abc") == "abc"
     assert session_of_path("/sessions/abc/v1/chat/completions") == "abc"

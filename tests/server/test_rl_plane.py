@@ -281,3 +281,26 @@ async def test_a_policy_that_does_not_parse_or_names_an_unseen_version_is_a_400(
     assert bad.json()["error"]["code"] == "invalid_version_policy"
     good = await http.post(f"{gateway.url}/generate", json=generate_body(20, 5))
     assert good.status_code == 200, good.text
+
+
+@pytest.mark.parametrize(
+    ("method", "route", "status", "code"),
+    [
+        ("GET", "/v1/rl/nowhere", 404, "not_found"),
+        ("POST", "/v1/rl/workers", 405, "method_not_allowed"),
+        ("DELETE", "/v1/rl/engine/flush_cache?selector=engine%3Dsglang", 405, "method_not_allowed"),
+    ],
+)
+async def test_what_is_no_route_of_the_control_plane_is_a_json_404_or_405(
+    make_cluster: MakeCluster,
+    make_gateway: MakeGateway,
+    http: httpx.AsyncClient,
+    method: str,
+    route: str,
+    status: int,
+    code: str,
+) -> None:
+    cluster = await make_cluster(engines=1)
+    gateway = await make_gateway(cluster)
+    response = await http.request(method, gateway.url + route)
+    assert response.status_code == status and response.json()["error"] == code, response.text

@@ -238,7 +238,7 @@ class FleetController:
             len(results),
             ", ".join(f"{r} {a if isinstance(a, str) else a.answer.status}" for r, a in results.items()),
         )
-        return compose(operation, view, results)
+        return compose(operation, view, results, body)
 
     # -- the view ----------------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ import itertools
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -34,6 +34,7 @@ from rolloutgate.fleet.links import ControllerLink, ControllerUnreachable
 from rolloutgate.fleet.operations import OPERATIONS, operation_named
 from rolloutgate.fleet.registration import serve_registration
 from rolloutgate.fleet.routing import (
+    FLEET_RL,
     FORWARDED_HEADER,
     REPLICA_HEADER,
     REPLICA_URL_HEADER,
@@ -48,6 +49,7 @@ from rolloutgate.server.auth import check_admin, check_worker_admin
 from rolloutgate.server.context import CONTEXT
 from rolloutgate.server.front import routing_key_of
 from rolloutgate.server.guard import error_response, guarded
+from rolloutgate.server.rl_plane import RlCall
 from rolloutgate.server.validate import parse_body
 
 __all__ = ("FleetMember", "install")
@@ -98,7 +100,10 @@ def install(app: web.Application, member: FleetMember) -> None:
         elif access == "worker":
             check_worker_admin(request, settings)
         raw = await request.read()
-        body = parse_body(raw, settings) if raw.strip() else {}
+        if name == FLEET_RL:  # the trainer's call goes to each engine as it was sent
+            body: dict[str, Any] = {"call": RlCall.of(request, raw)}
+        else:
+            body = parse_body(raw, settings) if raw.strip() else {}
         try:
             answer = await member.controller.operate(name, body, dict(request.query))
         except ControllerUnreachable as exc:

@@ -23,13 +23,16 @@ from aiohttp import web
 from prometheus_client.core import GaugeMetricFamily
 
 from rolloutgate.errors import GatewayError
-from rolloutgate.fleet.assignment import FleetView
-from rolloutgate.fleet.routing import FLEET_READS, FLEET_WIDE
+from rolloutgate.fleet.assignment import FleetView, engine_fleet_id
+from rolloutgate.fleet.routing import FLEET_READS, FLEET_RL, FLEET_WIDE, RL_PREFIX
 from rolloutgate.server.admin import gateway_state, pause_gate, resume_gate, update_all_weights
 from rolloutgate.server.answer import Answer
 from rolloutgate.server.context import CONTEXT
 from rolloutgate.server.engine_metrics import CONTENT_TYPE, merge_labelled, merge_scrapes, scrape_engines
 from rolloutgate.server.fan_out import abort_requests, flush_caches
+from rolloutgate.server.pool import EngineHandle
+from rolloutgate.server.rl_plane import ROUTE_PREFIX, Unreached, answer_part
+from rolloutgate.server.rl_plane import compose as compose_rl
 
 __all__ = (
     "OPERATIONS",
@@ -91,6 +94,16 @@ def _body_only(
     return run
 
 
+def _fleet_id(handle: EngineHandle) -> str:
+    return engine_fleet_id(handle.url)
+
+
+async def _rl(app: web.Application, body: dict[str, Any], query: Query) -> Answer:
+    """This replica's part of a trainer's `/v1/rl` call, its engines named by their fleet ids."""
+    del query
+    return await answer_part(app[CONTEXT], body["call"], _fleet_id)
+
+
 async def _flush(app: web.Application, body: dict[str, Any], query: Query) -> Answer:
     del body
     return await flush_caches(app, query)
@@ -105,13 +118,15 @@ OPERATIONS: dict[str, FleetOperation] = {
         FleetOperation("abort_request", "worker", _body_only(abort_requests), 30.0),
         FleetOperation("flush_cache", "worker", _flush, 3700.0),  # SGLang's ?timeout= is at most 3600 s
         FleetOperation("engine_metrics", "open", _metrics, 10.0, checks_membership=False),
+        FleetOperation(FLEET_RL, "admin", _rl, 3700.0),  # an engine call has its own rl_control_timeout
         FleetOperation("state", "admin", _state, 10.0, checks_membership=False),
         FleetOperation("metrics", "open", _gateway_metrics, 10.0, checks_membership=False),
     )
 }
-assert set(OPERATIONS) == {*FLEET_WIDE.values(), *FLEET_READS.values()}, (
+assert set(OPERATIONS) == {*FLEET_WIDE.values(), *FLEET_READS.values(), FLEET_RL}, (
     "fleet/routing.py routes every operation"
 )
+assert RL_PREFIX == ROUTE_PREFIX, "fleet/routing.py sends every /v1/rl route to the controller"
 
 
 def operation_named(name: str) -> FleetOperation:
@@ -128,12 +143,24 @@ async def run_here(app: web.Application, name: str, body: dict[str, Any], query:
     return ReplicaResult(answer, tuple(e.url for e in ctx.pool.engines.values()))
 
 
-def compose(operation: FleetOperation, view: FleetView, results: Mapping[str, ReplicaResult | str]) -> Answer:
-    """The fleet's answer from each live replica's result, or why it gave none (module docstring)."""
+def compose(
+    operation: FleetOperation,
+    view: FleetView,
+    results: Mapping[str, ReplicaResult | str],
+    body: Mapping[str, Any] | None = None,
+) -> Answer:
+    """The fleet's answer from each live replica's result, or why it gave none (module docstring). `body`: the
+    operation's, as the replicas got it."""
     if operation.name == "engine_metrics":
         return _merged_engine_metrics(view, results)
     if operation.name == "metrics":
         return _merged_gateway_metrics(results)
+    missing = _missing(view, results)
+    if operation.name == FLEET_RL:
+        assert body is not None, "a /v1/rl call is composed from its call"
+        parts = [r.answer for r in results.values() if isinstance(r, ReplicaResult)]
+        unreached = [Unreached(engine_fleet_id(m["engine"]), m["engine"], m["why"]) for m in missing]
+        return compose_rl(body["call"], parts, unreached)
     replicas: dict[str, Any] = {}
     failed: list[int] = []
     for replica_id, result in results.items():
@@ -150,20 +177,7 @@ def compose(operation: FleetOperation, view: FleetView, results: Mapping[str, Re
         }
         if answer.status >= 400:
             failed.append(answer.status)
-    engines: dict[str, str] = {}
-    missing: list[dict[str, Any]] = []
-    for url, owner in view.owners.items():
-        held_by = results.get(owner) if owner is not None else None
-        if owner is not None and isinstance(held_by, ReplicaResult) and url in held_by.held:
-            engines[url] = owner
-            continue
-        if owner is None:
-            why = "no live replica owns it"
-        elif isinstance(held_by, ReplicaResult):
-            why = f"its owner {owner} had not taken it into its pool yet"
-        else:
-            why = f"its owner {owner} did not answer"
-        missing.append({"engine": url, "owner": owner, "why": why})
+    engines = {url: owner for url, owner in view.owners.items() if url not in {m["engine"] for m in missing}}
     if not operation.checks_membership:
         missing = []
     ok = not failed and not missing
@@ -179,6 +193,23 @@ def compose(operation: FleetOperation, view: FleetView, results: Mapping[str, Re
     # every replica refused the call the same way (a bad body): the caller's error, as one gateway's
     status = failed[0] if failed and len(failed) == len(results) and len(set(failed)) == 1 else 502
     return Answer(status if 400 <= status < 500 else 502, body, engines=tuple(engines))
+
+
+def _missing(view: FleetView, results: Mapping[str, ReplicaResult | str]) -> list[dict[str, Any]]:
+    """Every engine of the view whose owner did not run the operation holding it, and why."""
+    missing: list[dict[str, Any]] = []
+    for url, owner in view.owners.items():
+        held_by = results.get(owner) if owner is not None else None
+        if owner is not None and isinstance(held_by, ReplicaResult) and url in held_by.held:
+            continue
+        if owner is None:
+            why = "no live replica owns it"
+        elif isinstance(held_by, ReplicaResult):
+            why = f"its owner {owner} had not taken it into its pool yet"
+        else:
+            why = f"its owner {owner} did not answer"
+        missing.append({"engine": url, "owner": owner, "why": why})
+    return missing
 
 
 def _merged_gateway_metrics(results: Mapping[str, ReplicaResult | str]) -> Answer:

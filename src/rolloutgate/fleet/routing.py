@@ -15,8 +15,9 @@ carries out the answer.
 - An inference call without a key is served here if this replica owns an engine (any replica accepts any
   request), else at a replica that does.
 - Engine control (`/admin/pause`, `/admin/resume`, `/admin/update_weights`, `/abort_request`, `/flush_cache`,
-  `/engine_metrics`, and with `?scope=fleet` `/admin/state` and `/metrics`) is for the whole fleet: this replica judges the caller's
-  rights, and the controller runs it on every replica over Ray (fleet/operations.py), never over a hop.
+  `/engine_metrics`, the trainer's control plane `/v1/rl/...`, and with `?scope=fleet` `/admin/state` and
+  `/metrics`) is for the whole fleet: this replica judges the caller's rights, and the controller runs it on
+  every replica over Ray (fleet/operations.py), never over a hop.
 - Everything else (`/admin/state`, `/metrics`, `/health`, the engine proxy) is served here. Only inference and
   session paths are ever forwarded: the owner judges the caller's rights by its address, which for a
   forwarded call is the forwarder's.
@@ -30,11 +31,13 @@ from rolloutgate.fleet.assignment import FleetView
 
 __all__ = (
     "FLEET_READS",
+    "FLEET_RL",
     "FLEET_WIDE",
     "FORWARDED_HEADER",
     "INFERENCE_PATHS",
     "REPLICA_HEADER",
     "REPLICA_URL_HEADER",
+    "RL_PREFIX",
     "VIA_HEADER",
     "Decision",
     "FleetWide",
@@ -71,6 +74,8 @@ FLEET_WIDE = {
     ("POST", "/flush_cache"): "flush_cache",
     ("GET", "/engine_metrics"): "engine_metrics",
 }
+FLEET_RL = "rl"  # every route under `/v1/rl/` (server/rl_plane.py): one operation, the call inside it
+RL_PREFIX = "/v1/rl/"
 # `?scope=fleet` makes these reads of every replica: (method, path) -> operation name
 FLEET_READS = {("GET", "/admin/state"): "state", ("GET", "/metrics"): "metrics"}
 
@@ -141,6 +146,8 @@ def decide(
     fleet_wide = FLEET_WIDE.get((method, path))
     if fleet_wide is not None:
         return FleetWide(fleet_wide)
+    if path.startswith(RL_PREFIX):
+        return FleetWide(FLEET_RL)
     if scope == "fleet" and (method, path) in FLEET_READS:
         return FleetWide(FLEET_READS[method, path])
     if path == _SESSIONS:

@@ -12,17 +12,15 @@ The wire is SMG's, field for field (its RL control plane docs): envelopes `{work
 latency_ms, body}`, fan-out `{results, failed, total, succeeded}`, errors `{"error": code, "message"}` with
 SMG's codes (`invalid_engine_path`, `selector_required`, `invalid_selector` with `offset`, `no_workers_match`,
 `worker_not_found`, `upstream_unreachable`, `upstream_timeout`, `upstream_error`). Nothing is retried: a refit is
-not idempotent.
+not idempotent. What a call does to an engine's generation is told to the core: server/rl_engine_call.py.
 
-Beyond SMG, the gateway knows what the calls do. SMG forwards a pause and routing goes on sending work to the
-paused engine, charging its clients the pause. Here a call that stops an engine generating (SGLang
-`pause_generation`, `release_memory_occupation`; vLLM `pause`, `sleep`) holds it: before the call goes out the
-core is told (`EnginePaused`: nothing on it is charged, it is not judged hung, nothing new is placed there) and
-its health checks are not judged; the call that lets it generate again (`continue_generation`,
-`resume_memory_occupation`, `resume`, `wake_up`) releases the hold once the engine answers 2xx. A hold whose
-call the engine refused is released at once. After a weight update or a release, the engine's weight version
-is read again (its `/server_info`), so discovery shows what the engine holds now, not what it held when it
-registered; a new version, or `flush_cache`, tells placement its prefix cache is cold.
+Theory of operation: a call is answered in two steps, so that one gateway and a fleet share them. `answer_part`
+is one gateway's part: the engines of its own pool that the call names, called, each outcome kept. `compose`
+makes SMG's answer from the parts, and from the engines no part could reach (`Unreached`: in a fleet, those
+whose owner did not answer: fleet/operations.py). One gateway composes its one part; in a fleet every replica
+answers its part for the engines it owns (worker ids are then the fleet's, `engine_fleet_id`), and the
+controller composes. A fan-out counts an unreached engine as failed whatever the selector (its labels are
+not known), so a pause through the fleet never reads "paused" where it did not arrive.
 
 Who may call: an admin (`check_admin`), as for SMG's control-plane routes.
 """
@@ -30,57 +28,36 @@ Who may call: an admin (`check_admin`), as for SMG's control-plane routes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
-import time
-from collections.abc import Iterable
-from typing import Any
-from urllib.parse import urlencode
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
-import aiohttp
-import orjson
 from aiohttp import web
 
 from rolloutgate.core.engine_state import EngineState
-from rolloutgate.core.events import EngineCacheFlushed, EnginePaused, EngineResumed
-from rolloutgate.engines.base import EngineFamily, UpstreamError
-from rolloutgate.engines.upstream_wire import UpstreamProtocolError
+from rolloutgate.engines.base import EngineFamily
+from rolloutgate.server.answer import Answer
 from rolloutgate.server.auth import check_admin
 from rolloutgate.server.context import CONTEXT, GatewayContext
 from rolloutgate.server.guard import guarded
 from rolloutgate.server.pool import PENDING, EngineHandle
-from rolloutgate.server.rl_selector import SelectorError, parse_selector
+from rolloutgate.server.rl_engine_call import Refused, RlCall, call_engine
+from rolloutgate.server.rl_selector import Selector, SelectorError, parse_selector
 
-__all__ = ("add_routes",)
+__all__ = ("ROUTE_PREFIX", "IdOf", "RlCall", "Unreached", "add_routes", "answer_part", "compose", "own_id")
 
 PROTOCOL_VERSION = 1  # SMG's `/v1/rl` wire contract
-MAX_BODY_BYTES = 1 << 20  # an engine answer longer than this is cut and flagged `body_truncated`, as SMG does
+ROUTE_PREFIX = "/v1/rl/"
 _SEGMENT = re.compile(r"[A-Za-z0-9._-]+")
-_FORWARDED_HEADERS = ("x-request-id", "traceparent", "tracestate")
 
-# what each call does to an engine's generation: the hold it takes, or the hold it releases (module docstring)
-_HOLDS = {
-    "pause_generation": "pause",
-    "pause": "pause",
-    "release_memory_occupation": "sleep",
-    "sleep": "sleep",
-}
-_RELEASES = {
-    "continue_generation": "pause",
-    "resume": "pause",
-    "resume_memory_occupation": "sleep",
-    "wake_up": "sleep",
-}
-_UPDATES = frozenset(
-    {
-        "update_weights_from_disk",
-        "update_weights_from_tensor",
-        "update_weights_from_distributed",
-        "update_weights_from_ipc",
-        "update_weight_version",
-        "update_weights",
-    }
-)
+IdOf = Callable[[EngineHandle], str]  # an engine's worker id on the wire
+
+
+def own_id(handle: EngineHandle) -> str:
+    """One gateway's worker ids: its pool's own (`engine-N`)."""
+    return handle.engine_id
+
 
 _CAPABILITIES: dict[EngineFamily, dict[str, Any]] = {
     EngineFamily.SGLANG: {
@@ -116,32 +93,10 @@ _HEALTH = {
 }
 
 
-class _Refused(Exception):
-    """An SMG-side error: `{"error": code, "message", **extra}` with `status`."""
-
-    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.status, self.payload = status, {"error": code, "message": message, **extra}
-
-
-def _json(value: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(value), status=status, content_type="application/json")
-
-
-def _engine_path(raw: str) -> str:
-    """SMG's path rules: 1 to 4 segments of `A-Z a-z 0-9 . _ -`, none empty, `.` or `..`."""
-    segments = raw.lstrip("/").split("/")
-    if not 1 <= len(segments) <= 4 or any(
-        s in ("", ".", "..") or _SEGMENT.fullmatch(s) is None for s in segments
-    ):
-        raise _Refused(400, "invalid_engine_path", f"invalid engine path {raw!r}")
-    return "/".join(segments)
-
-
 # --- discovery ---------------------------------------------------------------------------------------------
 
 
-def _labels(ctx: GatewayContext, handle: EngineHandle) -> dict[str, str]:
+def _labels(ctx: GatewayContext, handle: EngineHandle, id_of: IdOf) -> dict[str, str]:
     """The worker's labels with the keys SMG derives from its registry, which take precedence."""
     info = handle.info
     labels: dict[str, str] = {}
@@ -151,7 +106,7 @@ def _labels(ctx: GatewayContext, handle: EngineHandle) -> dict[str, str]:
         labels["weight_version"] = info.weight_version
     state = ctx.pool.engine_state(handle.engine_id)
     labels.update(
-        id=handle.engine_id,
+        id=id_of(handle),
         url=handle.url,
         base_url=handle.url,
         engine=info.family.value,
@@ -163,10 +118,10 @@ def _labels(ctx: GatewayContext, handle: EngineHandle) -> dict[str, str]:
     return labels
 
 
-def _worker(ctx: GatewayContext, handle: EngineHandle) -> dict[str, Any]:
-    labels = _labels(ctx, handle)
+def _worker(ctx: GatewayContext, handle: EngineHandle, id_of: IdOf) -> dict[str, Any]:
+    labels = _labels(ctx, handle, id_of)
     return {
-        "id": handle.engine_id,
+        "id": id_of(handle),
         "url": handle.url,
         "base_url": handle.url,
         "engine": labels["engine"],
@@ -190,240 +145,201 @@ def _worker(ctx: GatewayContext, handle: EngineHandle) -> dict[str, Any]:
     }
 
 
-def _handle(ctx: GatewayContext, worker_id: str) -> EngineHandle:
-    handle = ctx.pool.engines.get(worker_id)
-    if handle is None:
-        raise _Refused(404, "worker_not_found", f"no worker {worker_id!r}", id=worker_id)
-    return handle
+# --- the route ---------------------------------------------------------------------------------------------
 
 
-async def workers(request: web.Request) -> web.Response:
-    ctx = request.app[CONTEXT]
-    check_admin(request, ctx.settings)
-    rows = sorted((_worker(ctx, h) for h in ctx.pool.engines.values()), key=lambda w: w["base_url"])
-    return _json({"protocol_version": PROTOCOL_VERSION, "workers": rows, "total": len(rows)})
+@dataclass(frozen=True, slots=True)
+class _Route:
+    kind: Literal["workers", "worker", "call", "fanout"]
+    worker_id: str | None = None
+    path: str = ""  # the engine-native path, checked
+    selector: Selector | None = None
 
 
-async def worker(request: web.Request) -> web.Response:
-    ctx = request.app[CONTEXT]
-    check_admin(request, ctx.settings)
-    try:
-        return _json(_worker(ctx, _handle(ctx, request.match_info["worker_id"])))
-    except _Refused as refused:
-        return _json(refused.payload, refused.status)
+def _engine_path(raw: str) -> str:
+    """SMG's path rules: 1 to 4 segments of `A-Z a-z 0-9 . _ -`, none empty, `.` or `..`."""
+    segments = raw.lstrip("/").split("/")
+    if not 1 <= len(segments) <= 4 or any(
+        s in ("", ".", "..") or _SEGMENT.fullmatch(s) is None for s in segments
+    ):
+        raise Refused(400, "invalid_engine_path", f"invalid engine path {raw!r}")
+    return "/".join(segments)
 
 
-# --- engine calls ------------------------------------------------------------------------------------------
-
-
-class _Call:
-    """One engine-native call as the trainer sent it: forwarded byte for byte."""
-
-    __slots__ = ("body", "content_type", "headers", "method", "path", "query")
-
-    def __init__(self, request: web.Request, path: str, body: bytes) -> None:
-        self.method, self.path, self.body = request.method, path, body
-        self.query = [(k, v) for k, v in request.query.items() if k != "selector"]
-        self.content_type = request.headers.get("Content-Type") or ("application/json" if body else None)
-        self.headers = {h: request.headers[h] for h in _FORWARDED_HEADERS if h in request.headers}
-        if self.content_type:
-            self.headers["Content-Type"] = self.content_type
-
-    @property
-    def operation(self) -> str:
-        return self.path.rsplit("/", 1)[-1]
-
-
-async def _send(ctx: GatewayContext, handle: EngineHandle, call: _Call) -> dict[str, Any]:
-    """The engine's answer in SMG's envelope; raises _Refused when it answered nothing."""
-    started = time.perf_counter()
-    try:
-        if call.method == "POST":  # the trainer's calls: on the engine's lean pool (EngineAdapter.post_raw)
-            target = "/" + call.path + (("?" + urlencode(call.query)) if call.query else "")
-            async with asyncio.timeout(ctx.settings.rl_control_timeout):
-                status, media, raw = await handle.client.post_raw(
-                    target, call.body, call.headers, limit=MAX_BODY_BYTES + 1
-                )
-            is_json = media == "application/json"
-        else:
-            limits = aiohttp.ClientTimeout(total=ctx.settings.rl_control_timeout)
-            async with ctx.session.get(
-                f"{handle.url}/{call.path}", params=call.query, headers=call.headers, timeout=limits
-            ) as resp:
-                raw = await resp.content.read(MAX_BODY_BYTES + 1)
-                status, is_json = resp.status, resp.content_type == "application/json"
-    except TimeoutError:
-        raise _Refused(
-            504,
-            "upstream_timeout",
-            f"upstream `{handle.url}` gave no answer",
-            worker_id=handle.engine_id,
-            url=handle.url,
-        ) from None
-    except (aiohttp.ClientError, OSError, UpstreamProtocolError) as exc:
-        raise _Refused(
-            502,
-            "upstream_unreachable",
-            f"upstream `{handle.url}` unreachable: {exc}",
-            worker_id=handle.engine_id,
-            url=handle.url,
-        ) from None
-    envelope: dict[str, Any] = {
-        "worker_id": handle.engine_id,
-        "url": handle.url,
-        "status": status,
-        "latency_ms": round((time.perf_counter() - started) * 1000),
-        "body": _decoded(raw[:MAX_BODY_BYTES], is_json and len(raw) <= MAX_BODY_BYTES),
-    }
-    if len(raw) > MAX_BODY_BYTES:
-        envelope["body_truncated"] = True
-    return envelope
-
-
-def _decoded(raw: bytes, is_json: bool) -> Any:
-    if is_json:
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            pass
-    return raw.decode("utf-8", "replace")
-
-
-async def _call_engine(ctx: GatewayContext, handle: EngineHandle, call: _Call) -> dict[str, Any]:
-    """Send one call, with what it does to the engine told to the core before and after (module docstring)."""
-    operation = call.operation
-    hold = _HOLDS.get(operation) if call.method == "POST" else None
-    if hold is not None:
-        _hold(ctx, handle, hold)
-    try:
-        envelope = await _send(ctx, handle, call)
-    except _Refused:
-        if hold is not None:
-            _release(ctx, handle, hold)
-        raise
-    if not 200 <= envelope["status"] < 300 or call.method != "POST":
-        if hold is not None:
-            _release(ctx, handle, hold)
-        return envelope
-    released = _RELEASES.get(operation)
-    if released is not None:
-        _release(ctx, handle, released)
-    if operation in _UPDATES or released is not None:
-        await _read_weight_version(ctx, handle)
-    elif operation == "flush_cache":
-        ctx.driver.handle(EngineCacheFlushed(engine_id=handle.engine_id))
-    return envelope
-
-
-def _hold(ctx: GatewayContext, handle: EngineHandle, hold: str) -> None:
-    if not handle.control_holds:
-        handle.maintenance += 1  # a paused SGLang fails its health probe: not judged meanwhile
-        ctx.driver.handle(EnginePaused(engine_id=handle.engine_id))
-    handle.control_holds.add(hold)
-
-
-def _release(ctx: GatewayContext, handle: EngineHandle, hold: str) -> None:
-    if hold not in handle.control_holds:
-        return
-    handle.control_holds.discard(hold)
-    if not handle.control_holds:
-        handle.maintenance -= 1
-        ctx.driver.handle(EngineResumed(engine_id=handle.engine_id))
-
-
-async def _read_weight_version(ctx: GatewayContext, handle: EngineHandle) -> None:
-    with contextlib.suppress(
-        UpstreamError
-    ):  # discovery keeps the last version read; the next probe renews it
-        await ctx.pool.renew_info(handle)
-
-
-async def call_one(request: web.Request) -> web.Response:
-    ctx = request.app[CONTEXT]
-    check_admin(request, ctx.settings)
-    try:
-        handle = _handle(ctx, request.match_info["worker_id"])
-        call = _Call(request, _engine_path(request.match_info["path"]), await request.read())
-        envelope = await _call_engine(ctx, handle, call)
-    except _Refused as refused:
-        return _json(refused.payload, refused.status)
-    return _json(envelope, envelope["status"])
-
-
-async def fan_out(request: web.Request) -> web.Response:
-    ctx = request.app[CONTEXT]
-    check_admin(request, ctx.settings)
-    try:
-        path = _engine_path(request.match_info["path"])
-        text = request.query.get("selector", "")
+def _parse_route(call: RlCall) -> _Route:
+    """What a `/v1/rl` call asks; raises Refused (SMG's errors, 404 and 405 for what is no route)."""
+    tail = call.route.removeprefix(ROUTE_PREFIX)
+    head, _, rest = tail.partition("/")
+    if head == "engine" and rest:
+        _allow(call, ("GET", "POST"))
+        text = call.selector or ""
         if not text.strip():
-            raise _Refused(400, "selector_required", "a selector is required (?selector=key=value)")
+            raise Refused(400, "selector_required", "a selector is required (?selector=key=value)")
         try:
             selector = parse_selector(text)
         except SelectorError as exc:
-            raise _Refused(400, "invalid_selector", str(exc), offset=exc.offset) from None
-        targets = [h for h in ctx.pool.engines.values() if selector.matches(_labels(ctx, h))]
-        if not targets:
-            raise _Refused(400, "no_workers_match", f"no worker matches {text!r}", selector=text)
-        call = _Call(request, path, await request.read())
-    except _Refused as refused:
-        return _json(refused.payload, refused.status)
-    results, failed = await _each(ctx, targets, call)
-    report = {
-        "results": results,
-        "failed": failed,
-        "total": len(targets),
-        "succeeded": len(targets) - len(failed),
-    }
-    return _json(report, 207 if failed else 200)
+            raise Refused(400, "invalid_selector", str(exc), offset=exc.offset) from None
+        return _Route("fanout", path=_engine_path(rest), selector=selector)
+    if head == "workers":
+        worker_id, _, engine = rest.partition("/")
+        if not rest:
+            _allow(call, ("GET",))
+            return _Route("workers")
+        if not engine:
+            _allow(call, ("GET",))
+            return _Route("worker", worker_id=worker_id)
+        kind, _, path = engine.partition("/")
+        if worker_id and kind == "engine" and path:
+            _allow(call, ("GET", "POST"))
+            return _Route("call", worker_id=worker_id, path=_engine_path(path))
+    raise Refused(404, "not_found", f"no route {call.route!r}")
 
 
-async def _each(
-    ctx: GatewayContext, targets: Iterable[EngineHandle], call: _Call
-) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+def _allow(call: RlCall, methods: tuple[str, ...]) -> None:
+    if call.method not in methods:
+        raise Refused(405, "method_not_allowed", f"{call.route} takes {' or '.join(methods)}")
+
+
+# --- one gateway's part ------------------------------------------------------------------------------------
+
+
+async def answer_part(ctx: GatewayContext, call: RlCall, id_of: IdOf) -> Answer:
+    """This gateway's part of `call` (module docstring): the rows of its engines for discovery, the outcome of
+    each engine of its pool the call names for an engine call. A call that is no route, or bad, answers its
+    error. Every part names the engines its pool held (`Answer.engines`)."""
+    try:
+        route = _parse_route(call)
+    except Refused as refused:
+        return Answer(refused.status, refused.payload)
+    handles = list(ctx.pool.engines.values())
+    held = tuple(h.url for h in handles)
+    if route.kind in ("workers", "worker"):
+        rows = [_worker(ctx, h, id_of) for h in handles if route.worker_id in (None, id_of(h))]
+        return Answer(200, {"workers": rows}, engines=held)
+    if route.selector is not None:
+        selector = route.selector
+        targets = [h for h in handles if selector.matches(_labels(ctx, h, id_of))]
+    else:
+        targets = [h for h in handles if id_of(h) == route.worker_id]
     limit = asyncio.Semaphore(ctx.settings.rl_fanout_concurrency)
 
-    async def one(handle: EngineHandle) -> dict[str, Any] | _Refused:
+    async def one(handle: EngineHandle) -> dict[str, Any]:
         async with limit:
             try:
-                return await _call_engine(ctx, handle, call)
-            except _Refused as refused:
-                return refused
+                return {
+                    "envelope": {
+                        "worker_id": id_of(handle),
+                        **await call_engine(ctx, handle, call, route.path),
+                    }
+                }
+            except Refused as refused:
+                payload = {**refused.payload, "worker_id": id_of(handle), "url": handle.url}
+                return {"refused": payload, "status": refused.status}
 
-    handles = list(targets)
-    outcomes = await asyncio.gather(*(one(h) for h in handles))
+    outcomes = await asyncio.gather(*(one(h) for h in targets))
+    return Answer(
+        200, {"outcomes": {id_of(h): o for h, o in zip(targets, outcomes, strict=True)}}, engines=held
+    )
+
+
+# --- SMG's answer ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Unreached:
+    """An engine no part could reach (its owner did not answer), and why."""
+
+    worker_id: str
+    url: str
+    why: str
+
+
+def compose(call: RlCall, parts: Sequence[Answer], unreached: Sequence[Unreached] = ()) -> Answer:
+    """SMG's answer to `call` from the parts of every gateway that answered (module docstring)."""
+    try:
+        route = _parse_route(call)
+    except Refused as refused:
+        return Answer(refused.status, refused.payload)
+    refusal = next((p for p in parts if p.status != 200), None)
+    if refusal is not None:  # every part judged the same call: the first one's error is the caller's
+        return refusal
+    if route.kind in ("workers", "worker"):
+        rows = sorted((w for p in parts for w in p.json["workers"]), key=lambda w: w["base_url"])
+        if route.kind == "workers":
+            body: dict[str, Any] = {"protocol_version": PROTOCOL_VERSION, "workers": rows, "total": len(rows)}
+            if unreached:  # beyond SMG: the engines whose owner did not answer
+                body["unreached"] = [{"id": u.worker_id, "url": u.url, "why": u.why} for u in unreached]
+            return Answer(200, body)
+        if rows:
+            return Answer(200, rows[0])
+        return _not_found(route.worker_id or "", unreached)
+    outcomes: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        outcomes.update(part.json["outcomes"])
+    if route.kind == "call":
+        outcome = outcomes.get(route.worker_id or "")
+        if outcome is None:
+            return _not_found(route.worker_id or "", unreached)
+        if "refused" in outcome:
+            return Answer(outcome["status"], outcome["refused"])
+        return Answer(outcome["envelope"]["status"], outcome["envelope"])
+    return _fan_out_report(outcomes, unreached)
+
+
+def _not_found(worker_id: str, unreached: Sequence[Unreached]) -> Answer:
+    gone = next((u for u in unreached if u.worker_id == worker_id), None)
+    if gone is not None:
+        message = f"upstream `{gone.url}` unreachable: {gone.why}"
+        return Answer(502, {"error": "upstream_unreachable", "message": message, "worker_id": worker_id})
+    return Answer(404, {"error": "worker_not_found", "message": f"no worker {worker_id!r}", "id": worker_id})
+
+
+def _fan_out_report(outcomes: dict[str, dict[str, Any]], unreached: Sequence[Unreached]) -> Answer:
+    total = len(outcomes) + len(unreached)
+    if total == 0:
+        return Answer(400, {"error": "no_workers_match", "message": "no worker matches the selector"})
     results: dict[str, dict[str, Any]] = {}
     failed: list[dict[str, Any]] = []
-    for handle, outcome in zip(handles, outcomes, strict=True):
-        if isinstance(outcome, _Refused):
-            payload = outcome.payload
-            failed.append(
-                {
-                    "worker_id": handle.engine_id,
-                    "url": handle.url,
-                    "error": payload["error"],
-                    "message": payload["message"],
-                }
-            )
+    for worker_id, outcome in outcomes.items():
+        if "refused" in outcome:
+            refused = outcome["refused"]
+            failed.append({k: refused[k] for k in ("worker_id", "url", "error", "message")})
             continue
-        results[handle.engine_id] = outcome
-        if not 200 <= outcome["status"] < 300:
+        envelope = results[worker_id] = outcome["envelope"]
+        if not 200 <= envelope["status"] < 300:
             failed.append(
                 {
-                    "worker_id": handle.engine_id,
-                    "url": handle.url,
+                    "worker_id": worker_id,
+                    "url": envelope["url"],
                     "error": "upstream_error",
-                    "message": f"HTTP {outcome['status']}",
-                    "status": outcome["status"],
+                    "message": f"HTTP {envelope['status']}",
+                    "status": envelope["status"],
                 }
             )
+    for gone in unreached:
+        message = f"upstream `{gone.url}` unreachable: {gone.why}"
+        failed.append(
+            {
+                "worker_id": gone.worker_id,
+                "url": gone.url,
+                "error": "upstream_unreachable",
+                "message": message,
+            }
+        )
     failed.sort(key=lambda f: f["worker_id"])
-    return results, failed
+    report = {"results": results, "failed": failed, "total": total, "succeeded": total - len(failed)}
+    return Answer(207 if failed else 200, report)
+
+
+# --- one gateway's routes ----------------------------------------------------------------------------------
+
+
+async def _serve(request: web.Request) -> web.StreamResponse:
+    ctx = request.app[CONTEXT]
+    check_admin(request, ctx.settings)
+    call = RlCall.of(request, await request.read())
+    return compose(call, [await answer_part(ctx, call, own_id)]).response()
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_get("/v1/rl/workers", guarded(workers))
-    app.router.add_get("/v1/rl/workers/{worker_id}", guarded(worker))
-    for method in ("GET", "POST"):
-        app.router.add_route(method, "/v1/rl/workers/{worker_id}/engine/{path:.+}", guarded(call_one))
-        app.router.add_route(method, "/v1/rl/engine/{path:.+}", guarded(fan_out))
+    app.router.add_route("*", ROUTE_PREFIX + "{tail:.*}", guarded(_serve))
