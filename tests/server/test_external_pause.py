@@ -221,7 +221,9 @@ async def test_a_long_prefill_alone_on_an_engine_without_a_flag_is_not_taken_for
     cluster = await make_cluster(engines=1, time_scale=SCALE, sglang_ready_route=False, profile="incident")
     gateway = await make_gateway(cluster, stall_timeout=60.0)
     pool = gateway.context.pool
-    call = asyncio.create_task(http.post(f"{gateway.url}/generate", json=generate_body(60_000, 20), timeout=None))
+    call = asyncio.create_task(
+        http.post(f"{gateway.url}/generate", json=generate_body(60_000, 20), timeout=None)
+    )
     seen_paused = False
     for _ in range(100_000):  # bounded: until the call ends
         if call.done():

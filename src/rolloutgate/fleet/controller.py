@@ -37,7 +37,14 @@ from rolloutgate.fleet.links import (
     ReplicaLink,
     ReplicaUnreachable,
 )
-from rolloutgate.fleet.operations import ReplicaResult, compose, operation_named
+from rolloutgate.fleet.operations import (
+    UPDATE_BEGIN,
+    UPDATE_FINISH,
+    ReplicaResult,
+    compose,
+    missing_engines,
+    operation_named,
+)
 from rolloutgate.server.answer import Answer
 
 __all__ = ("FleetController",)
@@ -218,14 +225,30 @@ class FleetController:
 
     async def operate(self, name: str, body: dict[str, Any], query: dict[str, str]) -> Answer:
         """Run engine-control operation `name` on every live replica at once; the fleet's answer says which
-        replicas and engines took part, and fails where an engine's owner did not (fleet/operations.py)."""
+        replicas and engines took part, and fails where an engine's owner did not (fleet/operations.py). An
+        all-at-once weight update is run in its two steps (`_update_all_or_none`)."""
         operation = operation_named(name)
         view = self._view
-        links = {r: self._links[r] for r in view.replicas if r in self._links}
+        if name == "update_weights" and not body.get("staggered"):
+            return await self._update_all_or_none(view, body, query)
+        results = await self._on_replicas(view, view.replicas, name, body, query)
+        return compose(operation, view, results, body)
+
+    async def _on_replicas(
+        self,
+        view: FleetView,
+        replica_ids: Iterable[str],
+        name: str,
+        body: dict[str, Any],
+        query: dict[str, str],
+    ) -> dict[str, ReplicaResult | str]:
+        """Operation `name` on these replicas at once: each one's result, or why it gave none."""
+        timeout_s = operation_named(name).timeout_s
+        links = {r: self._links[r] for r in replica_ids if r in self._links}
 
         async def one(replica_id: str, link: ReplicaLink) -> ReplicaResult | str:
             try:
-                return await link.operate(name, body, query, operation.timeout_s)
+                return await link.operate(name, body, query, timeout_s)
             except ReplicaUnreachable as exc:
                 self._spawn_check(replica_id)
                 return str(exc)
@@ -233,12 +256,56 @@ class FleetController:
         answers = await asyncio.gather(*(one(r, link) for r, link in links.items()))
         results = dict(zip(links, answers, strict=True))
         log.info(
-            "fleet %s on %d replicas: %s",
+            "fleet %s on %d replicas (view %d): %s",
             name,
             len(results),
+            view.version,
             ", ".join(f"{r} {a if isinstance(a, str) else a.answer.status}" for r, a in results.items()),
         )
-        return compose(operation, view, results, body)
+        return results
+
+    async def _update_all_or_none(
+        self, view: FleetView, body: dict[str, Any], query: dict[str, str]
+    ) -> Answer:
+        """A weight update of the whole fleet against one membership snapshot (server/weight_update.py): every
+        replica pauses and updates its engines and holds them; only when every replica has answered does any
+        engine continue, each replica told whether an engine elsewhere failed (or went unreached), so that
+        `exclude` and `rollback` hold for the fleet, not per replica. The engines taken out leave the
+        membership too: no replica takes them back until the trainer registers them again."""
+        begun = await self._on_replicas(view, view.replicas, UPDATE_BEGIN, body, query)
+        began = {
+            r: res for r, res in begun.items() if isinstance(res, ReplicaResult) and res.answer.status == 200
+        }
+        operation = operation_named("update_weights")
+        if not began:  # refused everywhere (a bad body: the caller's error), or nobody answered
+            return compose(operation, view, begun, body)
+        failed = [engine for res in began.values() for engine in res.answer.json["failed"]]
+        unreached = missing_engines(view, begun)
+        failed_anywhere = len(began) < len(begun) or bool(failed) or bool(unreached)
+        verdict = {"failed_elsewhere": failed_anywhere}
+        finished = await self._on_replicas(view, began, UPDATE_FINISH, verdict, query)
+        answer = compose(operation, view, {**begun, **finished}, body)
+        excluded: list[str] = []
+        rolled_back: list[str] = []
+        for result in finished.values():
+            if isinstance(result, ReplicaResult) and isinstance(result.answer.json, dict):
+                report = result.answer.json
+                urls = {e["engine"]: e["url"] for e in report.get("engines", [])}
+                excluded += [urls[e] for e in report.get("excluded", [])]
+                rolled_back += [urls[e] for e in report.get("rolled_back", [])]
+        for url in excluded:
+            await self.remove_engine(url)
+        log.warning(
+            "fleet weight update: %s; excluded %s, rolled back %s",
+            "every engine took it" if not failed_anywhere else "not every engine took it",
+            excluded or "none",
+            rolled_back or "none",
+        )
+        return Answer(
+            answer.status,
+            {**answer.json, "excluded": sorted(excluded), "rolled_back": sorted(rolled_back)},
+            engines=answer.engines,
+        )
 
     # -- the view ----------------------------------------------------------------------------------------
 

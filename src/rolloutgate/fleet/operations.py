@@ -25,7 +25,7 @@ from prometheus_client.core import GaugeMetricFamily
 from rolloutgate.errors import GatewayError
 from rolloutgate.fleet.assignment import FleetView, engine_fleet_id
 from rolloutgate.fleet.routing import FLEET_READS, FLEET_RL, FLEET_WIDE, RL_PREFIX
-from rolloutgate.server.admin import gateway_state, pause_gate, resume_gate, update_all_weights
+from rolloutgate.server.admin import gateway_state, pause_gate, resume_gate
 from rolloutgate.server.answer import Answer
 from rolloutgate.server.context import CONTEXT
 from rolloutgate.server.engine_metrics import CONTENT_TYPE, merge_labelled, merge_scrapes, scrape_engines
@@ -33,18 +33,23 @@ from rolloutgate.server.fan_out import abort_requests, flush_caches
 from rolloutgate.server.pool import EngineHandle
 from rolloutgate.server.rl_plane import ROUTE_PREFIX, Unreached, answer_part
 from rolloutgate.server.rl_plane import compose as compose_rl
+from rolloutgate.server.weight_update import begin_fleet_part, finish_fleet_part, update_all_weights
 
 __all__ = (
     "OPERATIONS",
+    "UPDATE_BEGIN",
+    "UPDATE_FINISH",
     "FleetOperation",
     "ReplicaResult",
     "compose",
+    "missing_engines",
     "operation_named",
     "run_here",
 )
 
 REPLICA_UP = "rolloutgate_replica_up"
 Query = Mapping[str, str]
+UPDATE_BEGIN, UPDATE_FINISH = "update_weights:begin", "update_weights:finish"
 Access = Literal["admin", "worker", "open"]  # server/auth.py: check_admin, check_worker_admin, none
 
 
@@ -82,6 +87,7 @@ class FleetOperation:
         float  # real seconds each replica has (an update drains first: its own drain_timeout bounds it)
     )
     checks_membership: bool = True  # a read (state, metrics) lists what answered instead of failing
+    step: bool = False  # a step of another operation, which the controller runs (no route of its own)
 
 
 def _body_only(
@@ -115,6 +121,9 @@ OPERATIONS: dict[str, FleetOperation] = {
         FleetOperation("pause", "admin", _body_only(pause_gate), 60.0),
         FleetOperation("resume", "admin", _body_only(resume_gate), 60.0),
         FleetOperation("update_weights", "admin", _body_only(update_all_weights), 24 * 3600.0),
+        # the all-at-once update in two steps, each replica's outcome judged between (fleet/controller.py)
+        FleetOperation(UPDATE_BEGIN, "admin", _body_only(begin_fleet_part), 24 * 3600.0, step=True),
+        FleetOperation(UPDATE_FINISH, "admin", _body_only(finish_fleet_part), 24 * 3600.0, step=True),
         FleetOperation("abort_request", "worker", _body_only(abort_requests), 30.0),
         FleetOperation("flush_cache", "worker", _flush, 3700.0),  # SGLang's ?timeout= is at most 3600 s
         FleetOperation("engine_metrics", "open", _metrics, 10.0, checks_membership=False),
@@ -123,9 +132,11 @@ OPERATIONS: dict[str, FleetOperation] = {
         FleetOperation("metrics", "open", _gateway_metrics, 10.0, checks_membership=False),
     )
 }
-assert set(OPERATIONS) == {*FLEET_WIDE.values(), *FLEET_READS.values(), FLEET_RL}, (
-    "fleet/routing.py routes every operation"
-)
+assert {n for n, op in OPERATIONS.items() if not op.step} == {
+    *FLEET_WIDE.values(),
+    *FLEET_READS.values(),
+    FLEET_RL,
+}, "fleet/routing.py routes every operation"
 assert RL_PREFIX == ROUTE_PREFIX, "fleet/routing.py sends every /v1/rl route to the controller"
 
 
@@ -155,7 +166,7 @@ def compose(
         return _merged_engine_metrics(view, results)
     if operation.name == "metrics":
         return _merged_gateway_metrics(results)
-    missing = _missing(view, results)
+    missing = missing_engines(view, results)
     if operation.name == FLEET_RL:
         assert body is not None, "a /v1/rl call is composed from its call"
         parts = [r.answer for r in results.values() if isinstance(r, ReplicaResult)]
@@ -195,7 +206,7 @@ def compose(
     return Answer(status if 400 <= status < 500 else 502, body, engines=tuple(engines))
 
 
-def _missing(view: FleetView, results: Mapping[str, ReplicaResult | str]) -> list[dict[str, Any]]:
+def missing_engines(view: FleetView, results: Mapping[str, ReplicaResult | str]) -> list[dict[str, Any]]:
     """Every engine of the view whose owner did not run the operation holding it, and why."""
     missing: list[dict[str, Any]] = []
     for url, owner in view.owners.items():

@@ -36,7 +36,16 @@ from rolloutgate.core.events import ClockMode
 from rolloutgate.core.gateway import Gateway, GatewayCoreConfig
 from rolloutgate.errors import GatewayError, Unavailable
 from rolloutgate.runtime_clock import LoopClock
-from rolloutgate.server import admin, engine_metrics, fan_out, front, groups, rl_plane, workers
+from rolloutgate.server import (
+    admin,
+    engine_metrics,
+    fan_out,
+    front,
+    groups,
+    rl_plane,
+    weight_update,
+    workers,
+)
 from rolloutgate.server.attach import Attachments
 from rolloutgate.server.cache_hits import observe_cache_hits
 from rolloutgate.server.context import CONTEXT, GatewayContext
@@ -163,6 +172,7 @@ def build_app(settings: GatewaySettings) -> web.Application:
     front.add_routes(app)
     workers.add_routes(app)
     admin.add_routes(app)
+    weight_update.add_routes(app)
     groups.add_routes(app)
     fan_out.add_routes(app)
     rl_plane.add_routes(app)
