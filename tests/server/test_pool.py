@@ -36,6 +36,11 @@ class FakeSGLang:
         self.hung_from = hung_from
         self.status_up = True
         self.marked_down = 0  # times a probe timed out and marked the server unhealthy
+        self.info = EngineInfo(family=EngineFamily.SGLANG, models=("sim-model",))
+
+    async def probe(self) -> EngineInfo:
+        """Its facts (`/server_info`): the pool reads them again when the engine comes back from failing."""
+        return self.info
 
     def now(self) -> float:
         return asyncio.get_running_loop().time()
@@ -76,8 +81,7 @@ def joined(engine: FakeSGLang) -> tuple[list[tuple[float, Event]], EnginePool, E
     pool = EnginePool(
         GatewaySettings(), lambda e: events.append((loop.time(), e)), lambda s: s, lambda _engine: "healthy"
     )
-    info = EngineInfo(family=EngineFamily.SGLANG)
-    handle = EngineHandle(engine_id="engine-0", url=engine.url, client=engine, info=info, capacity=8)  # type: ignore[arg-type]
+    handle = EngineHandle(engine_id="engine-0", url=engine.url, client=engine, info=engine.info, capacity=8)  # type: ignore[arg-type]
     pool.engines[handle.engine_id] = handle
     return events, pool, handle
 
@@ -209,8 +213,7 @@ def pool_with(
         lambda _engine: state[0],
         lambda _engine: in_flight[0],
     )
-    info = EngineInfo(family=EngineFamily.SGLANG, models=("sim-model",))
-    handle = EngineHandle(engine_id="engine-0", url=engine.url, client=engine, info=info, capacity=8)  # type: ignore[arg-type]
+    handle = EngineHandle(engine_id="engine-0", url=engine.url, client=engine, info=engine.info, capacity=8)  # type: ignore[arg-type]
     pool.engines[handle.engine_id] = handle
     return events, loop.create_task(pool._health_loop(handle))
 

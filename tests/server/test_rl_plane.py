@@ -230,6 +230,37 @@ async def test_an_engine_that_rejoins_with_old_weights_waits_for_the_fleets_vers
     assert old.model.stats.requests_total > before
 
 
+async def test_an_engine_that_restarts_in_place_with_old_weights_waits_for_the_fleets_version(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
+) -> None:
+    """No re-registration: the engine's process restarts on its port holding its checkpoint's weights. Its
+    health checks fail while it is down; once they pass again the gateway reads its version before it takes
+    work, so under latest-only it serves nothing until it holds the pool's version."""
+    cluster = await make_cluster(engines=2, time_scale=100.0)
+    gateway = await make_gateway(cluster, version_policy="latest-only")
+    rl = RL(gateway.url, timeout=30.0)
+    await client_call(rl.fanout, "update_weight_version", {"new_version": "3"}, selector="engine=sglang")
+    old = cluster.engines[1]
+    old.set_fault("restart", down_s=30.0, duration_s=30.0)  # a few health checks long
+    old.set_weight_version("default")  # as a restart from the checkpoint leaves it
+
+    async def lag() -> int:
+        return int((await http.get(f"{gateway.url}/v1/rl/workers/engine-1")).json()["version_lag"])
+
+    async def lag_read() -> bool:
+        return await lag() == 1
+
+    await wait_until(lambda: not old.is_starting, "the engine back")
+    await wait_until(lag_read, "the restarted engine's version read")
+    before = old.model.stats.requests_total
+    assert set(await served_versions(http, gateway.url, 16)) == {"3"}
+    assert old.model.stats.requests_total == before
+    await client_call(rl.call, "engine-1", "update_weight_version", {"new_version": "3"})
+    assert await lag() == 0
+    assert set(await served_versions(http, gateway.url, 16)) == {"3"}
+    assert old.model.stats.requests_total > before
+
+
 @pytest.mark.parametrize(
     ("policy", "served"),
     [

@@ -497,12 +497,12 @@ class EnginePool:
             if handle.is_in_maintenance() or (outcome is None and await self._scheduler_idle(handle)):
                 return  # still paused (or the admin API's now)
             await self._resumed_by_engine(handle)
-            self._record_check(handle, outcome)
+            await self._record_check(handle, outcome)
             return
         if handle.paused_by_engine and readiness is Readiness.NOT_READY:
             if await self._check_health(handle):  # clears SGLang's mark once generation continues
                 await self._resumed_by_engine(handle)
-                self._record_health(handle, True)
+                await self._record_health(handle, True)
             return
         if handle.paused_by_engine:
             await self._resumed_by_engine(handle)
@@ -524,7 +524,7 @@ class EnginePool:
                 if frozen is not None or await self._scheduler_idle(handle):
                     await self._paused_by_engine(handle, frozen)
                     return
-        self._record_check(handle, ok)
+        await self._record_check(handle, ok)
 
     async def _check_health(self, handle: EngineHandle, limit_s: float | None = None) -> bool | None:
         """True: the check passed; False: it failed; None: no answer within `limit_s` gateway seconds
@@ -578,16 +578,17 @@ class EnginePool:
         self.emit(EngineResumed(engine_id=handle.engine_id))
         await self._read_weight_version(handle)
 
-    async def _read_weight_version(self, handle: EngineHandle) -> None:
-        """After a pause nobody told the gateway of (a trainer's weight update, as a rule): a new weight
-        version means new weights, so the engine's prefix cache counts as flushed (SGLang flushes it on an
-        update; miles' trainer flushes it too) and placement prices its sessions' next turns as cold."""
+    async def _read_weight_version(self, handle: EngineHandle, after: str = "its pause") -> None:
+        """After a pause nobody told the gateway of (a trainer's weight update, as a rule), or a restart: a
+        new weight version means new weights, so the engine's prefix cache counts as flushed (SGLang flushes
+        it on an update; miles' trainer flushes it too) and placement prices its sessions' next turns as
+        cold."""
         try:
             await self.renew_info(handle)
         except UpstreamError as error:
-            log.info("%s: no weight version after its pause: %s", handle.engine_id, error.message)
+            log.info("%s: no weight version after %s: %s", handle.engine_id, after, error.message)
 
-    def _record_check(self, handle: EngineHandle, outcome: bool | None) -> None:
+    async def _record_check(self, handle: EngineHandle, outcome: bool | None) -> None:
         """A health check's outcome (`_check_health`); one that hung while the core holds work on the engine
         is no verdict: its liveness judges it by its progress (module docstring, "Busy is not dead")."""
         if outcome is None and self.engine_in_flight(handle.engine_id) > 0:
@@ -595,12 +596,17 @@ class EnginePool:
                 "%s: health check unanswered while it holds work; its progress judges it", handle.engine_id
             )
             return
-        self._record_health(handle, outcome is True)
+        await self._record_health(handle, outcome is True)
 
-    def _record_health(self, handle: EngineHandle, ok: bool) -> None:
+    async def _record_health(self, handle: EngineHandle, ok: bool) -> None:
         if ok:
+            recovers = self.engine_state(handle.engine_id) != HEALTHY  # unhealthy, or quarantined
+            if handle.consecutive_failures or recovers:
+                # back after failing: perhaps a new process, holding the weights it was launched with, not
+                # the fleet's; its version is read before it may take work (a version policy sees the lag)
+                await self._read_weight_version(handle, after="its failed health checks")
             handle.consecutive_failures = 0
-            if self.engine_state(handle.engine_id) != HEALTHY:  # unhealthy, or quarantined: it recovers
+            if recovers:
                 self.emit(EngineHealthChecked(engine_id=handle.engine_id, healthy=True))
             return
         handle.consecutive_failures += 1
