@@ -113,8 +113,9 @@ def link_of(handle: object) -> ReplicaLink:
 
 
 @contextlib.asynccontextmanager
-async def local_fleet() -> AsyncIterator[LocalFleet]:
-    """The fleet of the tests: REPLICAS replicas over ENGINES simulated SGLang engines at x100, a spare engine."""
+async def local_fleet(**settings: Any) -> AsyncIterator[LocalFleet]:
+    """The fleet of the tests: REPLICAS replicas over ENGINES simulated SGLang engines at x100, a spare engine;
+    `settings`: the replicas' gateway settings beyond the tests' own."""
     with reserved_port() as reservation:  # the replicas' shared port, held for the fleet's life
         async with SimCluster(engines=ENGINES, time_scale=100.0) as cluster, SimCluster(engines=1) as spare:
             controller = FleetController(
@@ -124,13 +125,14 @@ async def local_fleet() -> AsyncIterator[LocalFleet]:
                 expected_replicas=REPLICAS,
             )
             await controller.start()
-            settings = GatewaySettings(port=0, time_scale=100.0, stall_timeout=600.0, log_level="warning")
+            base = {"port": 0, "time_scale": 100.0, "stall_timeout": 600.0, "log_level": "warning"}
+            replica_settings = GatewaySettings(**{**base, **settings})
             shared_port = port_of(reservation)
             replicas, links = [], []
             for i in range(REPLICAS):
                 link = KillableLink()
                 replica = FleetReplica(
-                    f"replica-{i}", settings, controller, handle=link, shared_port=shared_port
+                    f"replica-{i}", replica_settings, controller, handle=link, shared_port=shared_port
                 )
                 link.replica = replica
                 await replica.start()

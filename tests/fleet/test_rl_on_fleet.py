@@ -13,7 +13,8 @@ import pytest
 from smg.rl import RL, FanoutError, RlError, paused
 
 from rolloutgate.fleet.assignment import engine_fleet_id
-from tests.fleet.local_fleet import LocalFleet, key_owned_by, long_generate, wait_until
+from tests.fleet.local_fleet import LocalFleet, key_owned_by, local_fleet, long_generate, wait_until
+from tests.sim.helpers import wait_until as poll_until
 
 T = TypeVar("T")
 TOKENS = 3_000  # ~30 simulated seconds of decode at the fleet's x100: the pause lands in the middle
@@ -108,3 +109,39 @@ async def test_an_engine_whose_owner_does_not_answer_is_a_failure_of_the_fan_out
     with pytest.raises(RlError) as gone:
         await client_call(rl.call, silent[0], "flush_cache")
     assert gone.value.code == "upstream_unreachable"
+
+
+async def test_each_replica_judges_its_engines_lag_against_the_whole_fleets_newest_weights() -> None:
+    """The update reaches the engines of replica-0 and replica-1 only (replica-2's stay on `default`, as ones
+    whose update failed). replica-2 holds no newer engine itself, yet learns the fleet's newest from the
+    controller: under latest-only a call it serves waits for its engines to hold "7" instead of running on
+    the old weights; with `any` the same replica answers on them at once."""
+    async with local_fleet(version_policy="latest-only") as fleet:
+        view = fleet.controller.latest
+        behind = sorted(engine_fleet_id(url) for url in view.engines_of("replica-2"))
+        rl = RL(fleet.replicas[0].url, timeout=30.0)
+        update = {"model_path": "/ckpt/7", "weight_version": "7"}
+        selector = f"id notin ({','.join(behind)})"
+        await client_call(rl.fanout, "update_weights_from_disk", update, selector=selector)
+
+        async def lags() -> dict[str, int]:
+            listed = (await fleet.http.get(f"{fleet.replicas[1].url}/v1/rl/workers")).json()["workers"]
+            return {w["id"]: w["version_lag"] for w in listed}
+
+        async def replica_2_knows() -> bool:
+            return {i for i, lag in (await lags()).items() if lag} == set(behind)
+
+        await poll_until(replica_2_knows, "replica-2 knows its engines lag")
+        body, headers = long_generate(key_owned_by(view, "replica-2", "lag-"), 20)
+        replica_2 = fleet.replicas[2].url
+        old = await fleet.http.post(
+            f"{replica_2}/generate", json=body, headers={**headers, "x-smg-version-policy": "any"}
+        )
+        assert old.status_code == 200 and old.json()["meta_info"]["weight_version"] == "default"
+        waiting = asyncio.create_task(fleet.http.post(f"{replica_2}/generate", json=body, headers=headers))
+        await client_call(
+            rl.fanout, "update_weights_from_disk", update, selector=f"id in ({','.join(behind)})"
+        )
+        answer = await waiting
+        assert answer.status_code == 200 and answer.json()["meta_info"]["weight_version"] == "7"
+        assert set((await lags()).values()) == {0}

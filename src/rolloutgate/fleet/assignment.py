@@ -245,7 +245,9 @@ class FleetView:
     """The fleet at one `version` of one controller `epoch` (a restarted controller starts a new epoch).
 
     `replicas`: live replica id -> its base URL, in the order they joined. `engines`: every engine, with its
-    owner (None only while no replica is live)."""
+    owner (None only while no replica is live). `weight_versions`: the weight version each engine held when
+    its owner last answered a fleet-wide operation (fleet/controller.py), so that each replica judges its own
+    engines' lag against the whole fleet's newest weights."""
 
     epoch: str
     version: int
@@ -253,6 +255,7 @@ class FleetView:
     engines: Mapping[str, EngineEntry]
     owners: Mapping[str, str | None]
     incarnations: Mapping[str, str] = field(default_factory=dict)  # replica id -> its process's token
+    weight_versions: Mapping[str, str | None] = field(default_factory=dict)  # engine URL -> its label
     # replica id -> what its peers reach it by (its Ray actor handle; in one process the replica itself)
     handles: Mapping[str, object] = field(default_factory=dict, compare=False, repr=False)
     key_candidates: tuple[str, ...] = field(init=False)
@@ -276,6 +279,7 @@ class FleetView:
         engines: Mapping[str, EngineEntry],
         incarnations: Mapping[str, str],
         handles: Mapping[str, object] | None = None,
+        weight_versions: Mapping[str, str | None] | None = None,
     ) -> FleetView:
         live = assignment.replicas
         return cls(
@@ -286,6 +290,7 @@ class FleetView:
             owners={url: assignment.owner(url) for url in assignment.engines},
             incarnations={r: incarnations[r] for r in live if r in incarnations},
             handles={r: handle for r, handle in (handles or {}).items() if r in live},
+            weight_versions={u: v for u, v in (weight_versions or {}).items() if u in assignment.engines},
         )
 
     def engines_of(self, replica_id: str) -> list[str]:
@@ -314,6 +319,7 @@ class FleetView:
             owners={e: (None if o == replica_id else o) for e, o in self.owners.items()},
             incarnations={r: i for r, i in self.incarnations.items() if r != replica_id},
             handles={r: h for r, h in self.handles.items() if r != replica_id},
+            weight_versions=self.weight_versions,
         )
 
     def preference(self, key: str) -> list[str]:

@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from rolloutgate.fleet.assignment import Assignment, EngineEntry, FleetView, Move, engine_fleet_id
@@ -79,6 +79,7 @@ class FleetController:
         self._incarnations: dict[str, str] = {}
         self._links: dict[str, ReplicaLink] = {}
         self._handles: dict[str, object] = {}  # what each replica registered with, for its peers
+        self._weight_versions: dict[str, str | None] = {}  # engine URL -> its label, as its owner last said
         self._failures: dict[str, int] = {}
         self._version = 0
         self._changed = asyncio.Event()
@@ -255,6 +256,7 @@ class FleetController:
 
         answers = await asyncio.gather(*(one(r, link) for r, link in links.items()))
         results = dict(zip(links, answers, strict=True))
+        self._learn_versions(results)
         log.info(
             "fleet %s on %d replicas (view %d): %s",
             name,
@@ -263,6 +265,18 @@ class FleetController:
             ", ".join(f"{r} {a if isinstance(a, str) else a.answer.status}" for r, a in results.items()),
         )
         return results
+
+    def _learn_versions(self, results: Mapping[str, ReplicaResult | str]) -> None:
+        """The engines' weight versions as their owners just reported them; a change reaches every replica in
+        the next view (FleetView.weight_versions)."""
+        known = dict(self._weight_versions)
+        for result in results.values():
+            if isinstance(result, ReplicaResult):
+                known.update(result.versions)
+        known = {url: label for url, label in known.items() if url in self._entries}
+        if known != self._weight_versions:
+            self._weight_versions = known
+            self._changed_view()
 
     async def _update_all_or_none(
         self, view: FleetView, body: dict[str, Any], query: dict[str, str]
@@ -336,6 +350,7 @@ class FleetController:
             engines=self._entries,
             incarnations=self._incarnations,
             handles=self._handles,
+            weight_versions=self._weight_versions,
         )
 
     def _changed_view(self) -> FleetView:

@@ -16,7 +16,7 @@ is idempotent: a second pause, resume, abort or flush changes nothing more).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from aiohttp import web
@@ -55,10 +55,12 @@ Access = Literal["admin", "worker", "open"]  # server/auth.py: check_admin, chec
 
 @dataclass(frozen=True, slots=True)
 class ReplicaResult:
-    """One replica's part: its answer, and the engines (URLs) its pool held when it ran the operation."""
+    """One replica's part: its answer, the engines (URLs) its pool held when it ran the operation, and the
+    weight version each of them held once it had (the controller shares them: fleet/controller.py)."""
 
     answer: Answer
     held: tuple[str, ...]
+    versions: Mapping[str, str | None] = field(default_factory=dict)
 
 
 async def _state(app: web.Application, body: dict[str, Any], query: Query) -> Answer:
@@ -151,7 +153,10 @@ async def run_here(app: web.Application, name: str, body: dict[str, Any], query:
         answer = await OPERATIONS[name].run(app, body, query)
     except GatewayError as exc:
         answer = Answer(exc.status, exc.payload())
-    return ReplicaResult(answer, tuple(e.url for e in ctx.pool.engines.values()))
+    engines = ctx.pool.engines.values()
+    return ReplicaResult(
+        answer, tuple(e.url for e in engines), {e.url: e.info.weight_version for e in engines}
+    )
 
 
 def compose(

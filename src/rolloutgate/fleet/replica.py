@@ -301,6 +301,8 @@ class FleetReplica:
         for url in mine:
             if url not in self._joining:
                 self._join(view.engines[url])
+        if self.server is not None:  # its engines' lags count from the fleet's newest weights
+            self._pool().learn_peer_versions(view.weight_versions)
         old, self._view = self._view, view
         if self.replication is not None and old is not None:
             self.replication.view_changed(old, view)

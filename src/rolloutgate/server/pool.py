@@ -68,7 +68,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -205,6 +205,7 @@ class EnginePool:
     _tokenizer_vocab: int | None = field(init=False, default=None)
     _told_unknown_vocab: bool = field(init=False, default=False)
     versions: FleetVersions = field(default_factory=FleetVersions)  # how far each engine's weights lag
+    peer_versions: dict[str, str | None] = field(default_factory=dict)  # a fleet's other engines (by URL)
 
     def __post_init__(self) -> None:
         if self.settings.tokenizer:
@@ -345,12 +346,26 @@ class EnginePool:
         self._pool_changed()
         return handle
 
+    def learn_peer_versions(self, versions: Mapping[str, str | None]) -> None:
+        """The weight versions of a fleet's engines (by URL), as their owners last reported them: this pool's
+        engines' lags count from the newest any engine of the fleet holds (fleet/replica.py)."""
+        own = {h.url for h in self.engines.values()}
+        peers = {url: label for url, label in versions.items() if url not in own}
+        if peers != self.peer_versions:
+            self.peer_versions = peers
+            self._pool_changed()
+
     def _pool_changed(self) -> None:
         """What follows from the engines and their facts: the vocabulary, and how many weight versions each
-        engine is behind the newest in the pool (server/fleet_versions.py)."""
+        engine is behind the newest in the pool, or in its fleet (server/fleet_versions.py)."""
         self._learn_vocab()
         held = {h.engine_id: h.info.weight_version for h in self.engines.values()}
+        own = set(held)
+        own_urls = {h.url for h in self.engines.values()}  # an engine handed here meanwhile counts as its own
+        held.update({f"peer {u}": label for u, label in self.peer_versions.items() if u not in own_urls})
         for engine_id, lag in self.versions.judge(held):
+            if engine_id not in own:
+                continue
             log.warning(
                 "%s holds weight version %s, %d behind the pool's newest (%s): requests whose version policy "
                 "allows less do not start there",
