@@ -13,7 +13,7 @@ import asyncio
 import httpx
 import pytest
 
-from rolloutgate.server.pool import PAUSED_POLL_S
+from rolloutgate.server.engine_health import PAUSED_POLL_S
 from rolloutsim import SimCluster
 from tests.server.conftest import MakeCluster, MakeGateway
 from tests.server.users_path import final_timing, generate_body, quarantines

@@ -15,7 +15,8 @@ import pytest
 from rolloutgate.config import EngineSpec, GatewaySettings
 from rolloutgate.core.events import EngineHealthChecked, EnginePaused, EngineResumed, Event
 from rolloutgate.engines.base import EngineFamily, EngineInfo, Readiness
-from rolloutgate.server.pool import EngineHandle, EnginePool
+from rolloutgate.server.engine_handle import EngineHandle
+from rolloutgate.server.pool import EnginePool
 from rolloutsim import SimCluster
 
 SGLANG_HEALTH_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT
@@ -88,7 +89,7 @@ def joined(engine: FakeSGLang) -> tuple[list[tuple[float, Event]], EnginePool, E
 
 def start_loop(engine: FakeSGLang) -> tuple[list[tuple[float, Event]], asyncio.Task[None]]:
     events, pool, handle = joined(engine)
-    return events, asyncio.get_running_loop().create_task(pool._health_loop(handle))
+    return events, asyncio.get_running_loop().create_task(pool.health.loop(handle))
 
 
 @pytest.mark.looptime
@@ -127,9 +128,9 @@ async def test_the_cores_pause_check_reads_a_pause_the_health_loop_is_waiting_be
     is answered at once, long before the loop would have seen it."""
     engine = FakeSGLang(paused=(11.5, 200.0))
     events, pool, handle = joined(engine)
-    loop_task = asyncio.get_running_loop().create_task(pool._health_loop(handle))
+    loop_task = asyncio.get_running_loop().create_task(pool.health.loop(handle))
     await asyncio.sleep(14.5)
-    pool.read_pause("engine-0")
+    pool.health.read_pause("engine-0")
     await asyncio.sleep(0.1)
     assert [(t, type(e)) for t, e in events] == [(pytest.approx(14.5), EnginePaused)]
     loop_task.cancel()
@@ -150,9 +151,11 @@ async def test_the_pause_check_of_a_hung_engine_reports_nothing_and_gives_up_in_
     engine: FakeSGLang,
 ) -> None:
     events, pool, _handle = joined(engine)
-    pool.read_pause("engine-0")
+    pool.health.read_pause("engine-0")
     await asyncio.sleep(GatewaySettings().hang_check_timeout + 0.01)
-    assert events == [] and not pool._pause_reads  # the core quarantines it when its check time is up
+    assert (
+        events == [] and pool.health.pause_reads_running() == 0
+    )  # the core quarantines it when its check time is up
     await pool.close()
 
 
@@ -215,7 +218,7 @@ def pool_with(
     )
     handle = EngineHandle(engine_id="engine-0", url=engine.url, client=engine, info=engine.info, capacity=8)  # type: ignore[arg-type]
     pool.engines[handle.engine_id] = handle
-    return events, loop.create_task(pool._health_loop(handle))
+    return events, loop.create_task(pool.health.loop(handle))
 
 
 @pytest.mark.looptime

@@ -28,9 +28,9 @@ from rolloutgate.fleet.routing import FLEET_READS, FLEET_RL, FLEET_WIDE, RL_PREF
 from rolloutgate.server.admin import gateway_state, pause_gate, resume_gate
 from rolloutgate.server.answer import Answer
 from rolloutgate.server.context import CONTEXT
+from rolloutgate.server.engine_handle import EngineHandle
 from rolloutgate.server.engine_metrics import CONTENT_TYPE, merge_labelled, merge_scrapes, scrape_engines
 from rolloutgate.server.fan_out import abort_requests, flush_caches
-from rolloutgate.server.pool import EngineHandle
 from rolloutgate.server.rl_plane import ROUTE_PREFIX, Unreached, answer_part
 from rolloutgate.server.rl_plane import compose as compose_rl
 from rolloutgate.server.weight_update import begin_fleet_part, finish_fleet_part, update_all_weights

@@ -34,8 +34,8 @@ from rolloutgate.errors import BadRequest
 from rolloutgate.server.answer import Answer
 from rolloutgate.server.auth import check_admin
 from rolloutgate.server.context import CONTEXT, GatewayContext
+from rolloutgate.server.engine_handle import EngineHandle
 from rolloutgate.server.guard import guarded
-from rolloutgate.server.pool import EngineHandle
 from rolloutgate.server.validate import parse_body
 
 __all__ = (

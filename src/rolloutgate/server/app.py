@@ -50,9 +50,10 @@ from rolloutgate.server.attach import Attachments
 from rolloutgate.server.cache_hits import observe_cache_hits
 from rolloutgate.server.context import CONTEXT, GatewayContext
 from rolloutgate.server.driver import Driver
+from rolloutgate.server.engine_handle import PENDING
 from rolloutgate.server.exchange import Exchange, Finished
 from rolloutgate.server.metrics import Metrics
-from rolloutgate.server.pool import PENDING, EnginePool
+from rolloutgate.server.pool import EnginePool
 from rolloutgate.server.sessions_mount import mount_sessions
 from rolloutgate.server.trace import attach_trace
 

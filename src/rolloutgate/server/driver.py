@@ -246,7 +246,7 @@ class Driver:
                 self._mark_engine(command)
             elif isinstance(command, CheckEngine):
                 if self.pool is not None:
-                    self.pool.read_pause(command.engine_id)
+                    self.pool.health.read_pause(command.engine_id)
             elif isinstance(command, RecordGroup):
                 self._record_group(command)
 

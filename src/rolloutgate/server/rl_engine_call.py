@@ -30,7 +30,7 @@ from rolloutgate.core.events import EngineCacheFlushed, EnginePaused, EngineResu
 from rolloutgate.engines.base import UpstreamError
 from rolloutgate.engines.upstream_wire import UpstreamProtocolError
 from rolloutgate.server.context import GatewayContext
-from rolloutgate.server.pool import EngineHandle
+from rolloutgate.server.engine_handle import EngineHandle
 
 __all__ = ("MAX_BODY_BYTES", "Refused", "RlCall", "call_engine")
 

@@ -40,8 +40,8 @@ from rolloutgate.engines.base import EngineFamily
 from rolloutgate.server.answer import Answer
 from rolloutgate.server.auth import check_admin
 from rolloutgate.server.context import CONTEXT, GatewayContext
+from rolloutgate.server.engine_handle import PENDING, EngineHandle
 from rolloutgate.server.guard import guarded
-from rolloutgate.server.pool import PENDING, EngineHandle
 from rolloutgate.server.rl_engine_call import Refused, RlCall, call_engine
 from rolloutgate.server.rl_selector import Selector, SelectorError, parse_selector
 

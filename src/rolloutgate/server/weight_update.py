@@ -58,7 +58,7 @@ from rolloutgate.server.admin import (
 )
 from rolloutgate.server.answer import Answer
 from rolloutgate.server.context import CONTEXT, GatewayContext
-from rolloutgate.server.pool import EngineHandle
+from rolloutgate.server.engine_handle import EngineHandle
 
 __all__ = ("add_routes", "begin_fleet_part", "finish_fleet_part", "update_all_weights")
 

@@ -20,8 +20,9 @@ from rolloutgate.config import EngineSpec
 from rolloutgate.errors import BadRequest, NotFound
 from rolloutgate.server.auth import check_worker_admin
 from rolloutgate.server.context import CONTEXT, GatewayContext
+from rolloutgate.server.engine_handle import PendingEngine
 from rolloutgate.server.guard import guarded
-from rolloutgate.server.pool import EnginePool, PendingEngine
+from rolloutgate.server.pool import EnginePool
 from rolloutgate.server.validate import parse_body
 
 __all__ = ("add_routes", "refuse_disaggregated")
