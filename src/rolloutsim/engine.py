@@ -39,6 +39,7 @@ class SimEngine:
         seed: int = 0,
         host: str = "127.0.0.1",
         port: int = 0,
+        launch_version: str = "default",
     ) -> None:
         if api not in ("sglang", "vllm"):
             raise ValueError(f"api must be 'sglang' or 'vllm', got {api!r}")
@@ -49,7 +50,10 @@ class SimEngine:
         self.seed = seed
         self.host = host
         self.port = port
-        self.weight_version = "default"
+        # the weights of the checkpoint it was launched with (SGLang: `default` unless `--weight-version`); a
+        # restart comes back holding them, whatever updates the process before it took
+        self.launch_version = launch_version
+        self.weight_version = launch_version
         self.model = EngineModel(config, api=api)
         self.output = OutputQueue(self.model.output, clock)  # the tokenizer manager (sim/output_path.py)
         self._driver: SimDriver | None = None
@@ -304,27 +308,41 @@ class SimEngine:
     async def sleep_sim(self, seconds: float) -> None:
         await asyncio.sleep(self.clock.real_seconds(seconds))
 
+    @property
+    def update_fails(self) -> bool:
+        """Under the update_fails fault: every weight update fails and the old weights stay."""
+        return "update_fails" in self.model.faults
+
     async def update_weights(
         self, *, version: str | None, abort_all: bool = False, flush_cache: bool = True
-    ) -> None:
+    ) -> bool:
         """SGLang's model-update writer lock: unless paused, wait for in-flight work (new requests wait
-        behind the update), then take `weight_update_s`, then adopt `version`."""
+        behind the update), then take `weight_update_s`, then adopt `version`. False when it failed (the
+        update_fails fault, as the update ended): the engine keeps the weights it held."""
         async with self._update_lock:
             if abort_all:
                 self.abort_all()
             self._updating = True
             self._refresh_gate()
+            ledger = self.model.ledger
+            if ledger is not None:
+                ledger.update_begun(self.now(), version)
+            ok = False
             try:
                 if not self.model.paused:
                     await self.wait_idle()
                 await self.sleep_sim(self.config.weight_update_s)
-                if version:
+                ok = not self.update_fails
+                if ok and version:
                     self.set_weight_version(version)
-                if flush_cache:
+                if ok and flush_cache:
                     self.flush_cache()
             finally:
                 self._updating = False
                 self._refresh_gate()
+                if ledger is not None:
+                    ledger.update_ended(self.now(), ok)
+            return ok
 
     def set_weight_version(self, version: str) -> None:
         """Adopt `version`: the requests it holds (paused in place, or running) generate under it from here
@@ -335,6 +353,15 @@ class SimEngine:
             for req in self.model.requests():
                 if not req.is_finished:
                     req.note_weight_version(old, version)
+            if self.model.ledger is not None:
+                self.model.ledger.version_changed(self.now(), version, "update")
+
+    def _load_launch_weights(self) -> None:
+        """A new process (a restart) holds the checkpoint it was launched with; it holds no request."""
+        if self.weight_version != self.launch_version:
+            self.weight_version = self.launch_version
+            if self.model.ledger is not None:
+                self.model.ledger.version_changed(self.now(), self.launch_version, "restart")
 
     def _refresh_gate(self) -> None:
         closed = self._updating or (self.api == "sglang" and self.model.paused)
@@ -367,6 +394,8 @@ class SimEngine:
             self.model.crash(now)
             self._drop_connections()
             self.restarts += fault.kind == "restart"
+        if fault.kind == "restart":
+            self._load_launch_weights()
         self.driver.poke()
         for key in (fault.key, f"{fault.key}:listen"):
             timer = self._fault_timers.pop(key, None)

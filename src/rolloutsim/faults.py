@@ -16,10 +16,17 @@
 |           |                 | at once (vLLM#46811)                                                     |
 | restart   | duration_s,     | the process dies (as crash); its port stays closed for `down_s`, then    |
 |           | down_s          | answers 503 to health and generation for `duration_s`, then serves, empty |
+|           |                 | and holding its launch weights (the checkpoint it was started with: a    |
+|           |                 | new process does not have the updates the old one took)                  |
+| update_fails |              | every weight update (`/update_weights_from_disk`, `/update_weight_version`, |
+|           |                 | vLLM's `/update_weights`...) fails: it takes its time, then answers      |
+|           |                 | `{"success": false, "message"}` (SGLang: status 400) and the engine keeps |
+|           |                 | the weights it held                                                      |
 
 Each other fault may carry `duration_s` (simulated seconds) after which it clears itself. The engine model
 applies freeze, slow, stall, blackhole, compile and wedge; the HTTP layer applies refuse, crash, restart and
-the health answers of wedge and restart.
+the health answers of wedge and restart; the engine (sim/engine.py) applies update_fails and the launch
+weights of a restart.
 
 Why compile and wedge exist: a liveness check must tell a busy engine from a dead one (docs/reliability.md,
 "Busy is not dead"). From outside they look alike: during a compile the forward pass does not return, so
@@ -33,11 +40,24 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ("FAULT_KINDS", "SELF_ENDING", "Fault", "parse_fault", "parse_fault_flag")
+__all__ = ("FAULT_KINDS", "SELF_ENDING", "UPDATE_FAILED_MESSAGE", "Fault", "parse_fault", "parse_fault_flag")
 
-FAULT_KINDS = ("freeze", "slow", "crash", "stall", "refuse", "blackhole", "compile", "wedge", "restart")
+FAULT_KINDS = (
+    "freeze",
+    "slow",
+    "crash",
+    "stall",
+    "refuse",
+    "blackhole",
+    "compile",
+    "wedge",
+    "restart",
+    "update_fails",
+)
 # faults whose `duration_s` is their own length, not a timer that clears them: they end by themselves
 SELF_ENDING = ("compile", "restart")
+# what a weight update answers under the update_fails fault
+UPDATE_FAILED_MESSAGE = "Failed to update weights: simulated fault (update_fails); the old weights are kept."
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

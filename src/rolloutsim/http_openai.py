@@ -106,13 +106,16 @@ class OpenAIRoutes:
         self.in_flight += 1
         try:
             with engine.track_handler():
+                arrived_at = engine.now()
                 if self.flavour == "sglang":
                     await engine.wait_open()
-                return await self._run(request, kind, params, self._rid(request, body))
+                return await self._run(request, kind, params, self._rid(request, body), arrived_at)
         finally:
             self.in_flight -= 1
 
-    async def _run(self, request: web.Request, kind: str, params: GenParams, rid: str) -> web.StreamResponse:
+    async def _run(
+        self, request: web.Request, kind: str, params: GenParams, rid: str, arrived_at: float
+    ) -> web.StreamResponse:
         engine = self.engine
         listener = asyncio.Event()
         req = SimRequest(
@@ -126,6 +129,7 @@ class OpenAIRoutes:
             vocab_size=engine.config.vocab_size,
         )
         req.listener = listener
+        req.arrived_at = arrived_at
         if params.stream:
             req.emit_log = deque()  # when each streamed token was produced (sim/output_path.py)
         else:

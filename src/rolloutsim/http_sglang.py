@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from rolloutsim import metrics
+from rolloutsim.faults import UPDATE_FAILED_MESSAGE
 from rolloutsim.http_common import (
     DONE,
     WRITE_ERRORS,
@@ -157,10 +158,12 @@ class SGLangRoutes:
         if refusal is not None:
             return _error("The server is refusing new requests (simulated fault).", refusal)
         with self.engine.track_handler():
+            arrived_at = self.engine.now()
             await self.engine.wait_open()
             listener = asyncio.Event()
             reqs = [self.new_request(p, p.rid, listener) for p in items]
             for req in reqs:
+                req.arrived_at = arrived_at
                 if items[0].stream:
                     req.emit_log = deque()  # when each streamed token was produced (sim/output_path.py)
                 else:
@@ -291,11 +294,14 @@ class SGLangRoutes:
             return _error(exc.message)
         held = self.engine.model.live_count if self.engine.paused else 0
         version = body.get("weight_version")
-        await self.engine.update_weights(
+        ok = await self.engine.update_weights(
             version=None if version is None else str(version),
             abort_all=bool(body.get("abort_all_requests", False)),
             flush_cache=bool(body.get("flush_cache", True)),
         )
+        if not ok:  # SGLang answers a failed update 400 with its message
+            body = {"success": False, "message": UPDATE_FAILED_MESSAGE, "num_paused_requests": held}
+            return json_response(body, status=400)
         return json_response(
             {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": held}
         )
@@ -307,6 +313,8 @@ class SGLangRoutes:
             return _error(exc.message)
         if body.get("new_version") is None:
             return _error("new_version is required")
+        if self.engine.update_fails:
+            return json_response({"success": False, "message": UPDATE_FAILED_MESSAGE}, status=400)
         if body.get("abort_all_requests", True):
             self.engine.abort_all()
         version = str(body["new_version"])

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from rolloutsim import metrics
+from rolloutsim.faults import UPDATE_FAILED_MESSAGE
 from rolloutsim.http_common import add_admin_routes, json_response, read_json
 from rolloutsim.http_openai import OpenAIRoutes
 from rolloutsim.params import BadRequest
@@ -117,7 +118,8 @@ class VLLMRoutes:
         except BadRequest as exc:
             return vllm_error(exc.message)
         version = body.get("weight_version", body.get("version"))
-        await self.engine.update_weights(version=None if version is None else str(version))
+        if not await self.engine.update_weights(version=None if version is None else str(version)):
+            return vllm_error(UPDATE_FAILED_MESSAGE, 500)
         return json_response({"status": "ok", "weight_version": self.engine.weight_version})
 
     async def update_weight_version(self, request: web.Request) -> web.Response:
@@ -128,6 +130,8 @@ class VLLMRoutes:
         version = body.get("weight_version", body.get("version", body.get("new_version")))
         if version is None:
             return vllm_error("weight_version is required")
+        if self.engine.update_fails:
+            return vllm_error(UPDATE_FAILED_MESSAGE, 500)
         self.engine.set_weight_version(str(version))
         return json_response({"status": "ok", "weight_version": self.engine.weight_version})
 

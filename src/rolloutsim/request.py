@@ -56,6 +56,7 @@ class SimRequest:
     __slots__ = (
         "abort_pending",
         "answered_at",
+        "arrived_at",
         "cached_tokens",
         "completion_tokens",
         "emit_log",
@@ -116,6 +117,9 @@ class SimRequest:
         self.prefill_target = len(prompt_ids)  # prompt, plus already generated tokens after a retraction
         self.num_retractions = 0
         self.submitted_at = 0.0
+        # when its HTTP call reached the engine, before it waited behind a pause or a weight update (set by
+        # the HTTP layer; None: as submitted)
+        self.arrived_at: float | None = None
         self.started_at: float | None = None
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
