@@ -356,12 +356,12 @@ class SimEngine:
             if self.model.ledger is not None:
                 self.model.ledger.version_changed(self.now(), version, "update")
 
-    def _load_launch_weights(self) -> None:
-        """A new process (a restart) holds the checkpoint it was launched with; it holds no request."""
+    def _load_launch_weights(self, at: float) -> None:
+        """A new process (a restart at `at`) holds the checkpoint it was launched with; it holds no request."""
         if self.weight_version != self.launch_version:
             self.weight_version = self.launch_version
             if self.model.ledger is not None:
-                self.model.ledger.version_changed(self.now(), self.launch_version, "restart")
+                self.model.ledger.version_changed(at, self.launch_version, "restart")
 
     def _refresh_gate(self) -> None:
         closed = self._updating or (self.api == "sglang" and self.model.paused)
@@ -395,7 +395,7 @@ class SimEngine:
             self._drop_connections()
             self.restarts += fault.kind == "restart"
         if fault.kind == "restart":
-            self._load_launch_weights()
+            self._load_launch_weights(now)
         self.driver.poke()
         for key in (fault.key, f"{fault.key}:listen"):
             timer = self._fault_timers.pop(key, None)

@@ -67,6 +67,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="each storm wave is one GRPO group: one shared prompt, one X-Rolloutgate-Group (docs/rl.md)",
     )
     add(
+        "--version-faults",
+        action="store_true",
+        help="at the update one engine's update fails, after it another engine restarts onto its launch "
+        "weights; the engine-time gateway runs --version-policy latest-only (docs/rl.md)",
+    )
+    add(
+        "--on-update-failure",
+        choices=("keep", "exclude", "rollback"),
+        default=_DEFAULTS.update_on_failure,
+        help="the engine-time update's on_failure (default keep: the engine whose update failed serves on "
+        "its old weights, which latest-only keeps new requests off)",
+    )
+    add(
         "--no-prefill-admission",
         action="store_true",
         help="engine-time gateway without prefill-aware admission, as before it (docs/prefill.md)",
@@ -121,12 +134,16 @@ def _config(args: argparse.Namespace) -> ReplayConfig:
         "sessions": args.sessions,
         "groups": args.groups,
         "prefill_admission": not args.no_prefill_admission,
+        "version_faults": args.version_faults,
+        "update_on_failure": args.on_update_failure,
     }
     if args.scenario == "trace":
         from rolloutgate.replay.trace_workload import trace_config
 
         if args.file is None:
             raise ValueError("replay trace takes the trace's file: rolloutgate replay trace FILE")
+        if args.version_faults:
+            raise ValueError("--version-faults is for the incident scenario (a trace brings its own events)")
         replay = {"time_scale": args.time_scale, "seed": args.seed}
         return trace_config(args.file, **replay, **common, **given)
     return ReplayConfig(**{name: getattr(args, name) for _, name, _, _ in _CONFIG_FLAGS}, **common, **given)

@@ -29,7 +29,19 @@ Definitions (simulated seconds; "the end" is the end of the run):
   (a) generations still serving a waiting client at the end (in progress: still generating, or finished with
   its answer on its way to that client when the run ended), and (b) generations the frozen engine
   held when it froze or received after it (until the gateway stopped sending): the work it had done on them is
-  lost to the fault in any mode ("lost to the fault");
+  lost to the fault in any mode ("lost to the fault"); so is the work of the generations an engine's crash or
+  restart ended (its ledger's abort message `engine crashed`);
+- weights (from the engines' ledgers alone, sim/ledger.py; not the gateway's view): the fleet's newest version
+  at a moment is the newest any engine holds then, versions ordered by when an engine first held them (its
+  launch checkpoint first);
+  - tokens under a version the policy forbids: tokens generated under a version older than the fleet's newest
+    at the moment they were generated (`latest-only` allows none), of every generation ("generated") and of
+    the delivered ones ("served");
+  - dispatch to a half-updated engine: a generation that reached its engine (its call's arrival, before a
+    pause or an update let it in) while that engine was mid-update, or while the fleet's update to a version
+    was under way (from the first engine's update to that version to the last one's end) and the engine did
+    not hold it yet, or while the engine held a version older than the fleet's newest (its update failed, it
+    restarted onto its launch checkpoint): `mid_update`, `update_pending`, `behind`, in that order;
 - detection time: from the freeze to the first verdict of the gateway on that engine (quarantined by the
   engine-time liveness check, or unhealthy by the health check); new sessions the gateway sent to the engine
   after it froze (it cannot know yet) grow its stall window by their prefill allowance (core/liveness.py),
@@ -38,6 +50,7 @@ Definitions (simulated seconds; "the end" is the end of the run):
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections import Counter
@@ -47,10 +60,21 @@ from typing import Any
 from rolloutgate.core.config import GatewayCoreConfig
 from rolloutgate.core.liveness import prefill_allowance_s
 
-__all__ = ("LARGE_PREFILL_TOKENS", "GenerationView", "Intervals", "measure", "view_generations")
+__all__ = (
+    "LARGE_PREFILL_TOKENS",
+    "FleetWeights",
+    "GenerationView",
+    "Intervals",
+    "measure",
+    "version_figures",
+    "view_generations",
+)
 
 LARGE_PREFILL_TOKENS = GatewayCoreConfig().contention_min_prefill_tokens  # what the gateway counts as large
 
+_CRASHED = (
+    "engine crashed"  # the simulator's abort message for what a crash or restart ended (engine_model.py)
+)
 _TIMEOUT_CODES = frozenset({"timeout", "stall", "engine_hung", "attempts_exhausted", "max_wall"})
 
 
@@ -168,9 +192,10 @@ def view_generations(records: dict[str, Any]) -> tuple[list[GenerationView], dic
         caught_by_freeze = (
             engine in freezes and freeze_at < end_at
         )  # running there when it froze, or sent after
+        lost_in_crash = g["finish"] == "abort" and g.get("message") == _CRASHED
         if delivered:
             outcome = "delivered"
-        elif caught_by_freeze and (killed is None or killed >= freeze_at):
+        elif (caught_by_freeze and (killed is None or killed >= freeze_at)) or lost_in_crash:
             outcome = "fault"
         elif request_id in waiting and (is_live_at_end or g["finish"] in ("stop", "length")):
             outcome = "in_progress"  # its client still waits at the end: generating, or its answer on its way
@@ -365,6 +390,118 @@ def _windows(
     return out
 
 
+class FleetWeights:
+    """The engines' weights over time, from their ledgers (`records["weights"]`, sim/ledger.py `weights()`)."""
+
+    def __init__(self, weights: list[dict[str, Any]]) -> None:
+        changes = sorted(
+            ((float(v["at"]), int(w["engine"]), str(v["version"])) for w in weights for v in w["versions"]),
+        )
+        self.rank: dict[str, int] = {}  # versions by when an engine first held them
+        for _, _, version in changes:
+            self.rank.setdefault(version, len(self.rank))
+        self.timeline: dict[int, list[tuple[float, str]]] = {}
+        for at, engine, version in changes:
+            self.timeline.setdefault(engine, []).append((at, version))
+        self.updates = [
+            (
+                int(w["engine"]),
+                float(u["begun_at"]),
+                math.inf if u["ended_at"] is None else float(u["ended_at"]),
+                u["target"],
+                bool(u["ok"]),
+            )
+            for w in weights
+            for u in w["updates"]
+        ]
+
+    def held(self, engine: int, at: float) -> str | None:
+        """The version `engine` held at `at` (a change at `at` counts), None before its first."""
+        held = None
+        for when, version in self.timeline.get(engine, []):
+            if when > at:
+                break
+            held = version
+        return held
+
+    def newest(self, at: float) -> int:
+        """The rank of the newest version any engine held at `at` (-1: none known)."""
+        ranks = [self.rank[v] for e in self.timeline if (v := self.held(e, at)) is not None]
+        return max(ranks, default=-1)
+
+    def is_forbidden(self, version: str, at: float) -> bool:
+        """Tokens under `version` at `at` are older than the fleet's newest then (latest-only forbids them)."""
+        rank = self.rank.get(version)
+        return rank is not None and rank < self.newest(at)
+
+    def half_updated(self, engine: int, at: float) -> str | None:
+        """Why `engine` was half-updated at `at` (module docstring), or None."""
+        if any(e == engine and begun <= at < ended for e, begun, ended, _, _ in self.updates):
+            return "mid_update"
+        held = self.held(engine, at)
+        for target in {t for _, _, _, t, _ in self.updates if t is not None}:
+            spans = [(begun, ended) for _, begun, ended, t, _ in self.updates if t == target]
+            if min(b for b, _ in spans) <= at < max(e for _, e in spans) and held != target:
+                return "update_pending"
+        if held is not None and self.is_forbidden(held, at):
+            return "behind"
+        return None
+
+
+def _tokens_under_forbidden(g: dict[str, Any], weights: FleetWeights, run_end: float) -> int:
+    """Of a generation's tokens, those generated under a version older than the fleet's newest then. Its token
+    count is known at its submission (0), at every weight change of the fleet (`token_marks`) and at its end;
+    between two of those the fleet's versions are fixed, so each stretch is judged at its start."""
+    end = run_end if g["finished_at"] is None else min(float(g["finished_at"]), run_end)
+    points = [(float(g["submitted_at"]), 0)]
+    points += [(float(at), int(n)) for at, n in g.get("token_marks", [])]
+    points.append((end, int(g["completion_tokens"])))
+    spans = [(str(v), int(start)) for v, start in g.get("weight_spans", [])]
+    if not spans:
+        return 0
+    bounds = [start for _, start in spans[1:]] + [math.inf]
+    forbidden = 0
+    for (at, first), (_, last) in itertools.pairwise(points):
+        for (version, start), stop in zip(spans, bounds, strict=True):
+            lo, hi = max(first, start), min(last, stop)
+            if hi > lo and weights.is_forbidden(version, at):
+                forbidden += int(hi - lo)
+    return forbidden
+
+
+def version_figures(records: dict[str, Any], views: list[GenerationView]) -> dict[str, Any]:
+    """Tokens under a version the policy forbids, and dispatches to a half-updated engine (module
+    docstring), from the engines' ledgers; zeros for records without them."""
+    weights = FleetWeights(records.get("weights", []))
+    run_end = float(records["ended_at"])
+    generated = served = 0
+    forbidden_generations: list[dict[str, Any]] = []
+    dispatches: list[dict[str, Any]] = []
+    for v in views:
+        g = v.record
+        tokens = _tokens_under_forbidden(g, weights, run_end)
+        if tokens:
+            generated += tokens
+            served += tokens if v.outcome == "delivered" else 0
+            forbidden_generations.append(
+                {"rid": g["rid"], "engine": g["engine"], "tokens": tokens, "outcome": v.outcome}
+            )
+        arrived = g.get("arrived_at")
+        at = float(g["submitted_at"] if arrived is None else arrived)
+        reason = weights.half_updated(int(g["engine"]), at) if weights.timeline else None
+        if reason is not None:
+            dispatches.append({"rid": g["rid"], "engine": g["engine"], "at": at, "reason": reason})
+    return {
+        "versions": sorted(weights.rank, key=weights.rank.__getitem__),
+        "forbidden_tokens_generated": generated,
+        "forbidden_tokens_served": served,
+        "forbidden_generations": forbidden_generations,
+        "half_updated_dispatches": len(dispatches),
+        "half_updated_by_reason": dict(Counter(d["reason"] for d in dispatches)),
+        "half_updated_list": dispatches,
+    }
+
+
 def _stalls(records: dict[str, Any]) -> dict[str, Any]:
     """How far the mode's event loop fell behind (real seconds): the run's own fidelity check."""
     lags = [late for _, late in records.get("loop_lags", [])]
@@ -449,6 +586,7 @@ def measure(records: dict[str, Any]) -> dict[str, Any]:
             "requeued": int(counters.get("stale_requeued", 0)),
             "partial": int(counters.get("stale_partial", 0)),
         },
+        "weights": version_figures(records, views),
         "events": _windows(records, kills, float(config["client_timeout_s"])),
         "kills": kills,
     }

@@ -155,6 +155,10 @@ def _events(ax: Axes, records: dict[str, Any], figures: dict[str, Any], top: flo
             after = figures["detection"].get("detected_after_s")
             if after is not None:
                 ax.plot([event["at"] + after], [top - 0.2], marker="v", color="#b71c1c", markersize=8)
+        elif event["kind"] == "restart":
+            ax.axvline(event["at"], color="#00838f", linestyle=":", linewidth=1.4)
+            label = f" engine {event['engine']} restarts (launch weights)"
+            ax.text(event["at"], top, label, color="#00838f", fontsize=8, va="bottom")
 
 
 def _timeouts(ax: Axes, result: ReplayResult, bin_s: float) -> None:
@@ -168,9 +172,12 @@ def _timeouts(ax: Axes, result: ReplayResult, bin_s: float) -> None:
         ax.hist(times, bins=bins, color=color, alpha=0.75, label=f"{TITLES[mode]}: {len(times)}")
     records = next(iter(result.records.values())).to_json()
     for event in records["events"]:
-        style = {"storm": ("#ef6c00", "--"), "update": ("#5e35b1", "-"), "freeze": ("#b71c1c", "-")}[
-            event["kind"]
-        ]
+        style = {
+            "storm": ("#ef6c00", "--"),
+            "update": ("#5e35b1", "-"),
+            "freeze": ("#b71c1c", "-"),
+            "restart": ("#00838f", ":"),
+        }.get(event["kind"], ("#616161", ":"))
         ax.axvline(event["at"], color=style[0], linestyle=style[1], linewidth=1.0)
     ax.set_xlim(0, end)
     ax.set_title(f"client attempts killed by a timeout, per {bin_s:.0f} s", loc="left", fontsize=11)

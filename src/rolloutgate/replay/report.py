@@ -69,13 +69,34 @@ def _budget(f: dict[str, Any]) -> str:
     return text
 
 
+def _forbidden_tokens(f: dict[str, Any]) -> str:
+    """Tokens generated under a version older than the fleet's newest: in delivered answers / in all."""
+    w = f.get("weights")
+    if not w:
+        return "-"
+    return f"{w['forbidden_tokens_served']:,} / {w['forbidden_tokens_generated']:,}"
+
+
+def _half_updated(f: dict[str, Any]) -> str:
+    w = f.get("weights")
+    if not w:
+        return "-"
+    reasons = w["half_updated_by_reason"]
+    names = (("mid_update", "mid-update"), ("update_pending", "update pending"), ("behind", "behind"))
+    detail = ", ".join(f"{reasons[k]} {label}" for k, label in names if reasons.get(k))
+    return f"{w['half_updated_dispatches']:,}" + (f" ({detail})" if detail else "")
+
+
 ROWS: list[Row] = [
     ("client-visible failures (turns)", lambda f: f"{f['client_visible_failures']}"),
     ("  of which progressing when killed", lambda f: f"{f['client_visible_failures_progressing']}"),
     ("spurious timeouts (killed while progressing)", lambda f: f"{f['spurious_timeouts']}"),
     ("client attempts killed", lambda f: f"{f['killed_attempts']} of {f['attempts']}"),
     ("generations started / answers delivered", lambda f: f"{f['generations']} / {f['answers_delivered']}"),
-    ("engine-seconds lost to the frozen engine", lambda f: f"{f['lost_to_fault_engine_seconds']:,.0f}"),
+    (
+        "engine-seconds lost to the frozen (or a restarted) engine",
+        lambda f: f"{f['lost_to_fault_engine_seconds']:,.0f}",
+    ),
     ("completed turns", lambda f: f"{f['turns']['completed']}"),
     (
         "turn latency p50 / p99",
@@ -89,6 +110,8 @@ ROWS: list[Row] = [
     ("tokens saved by budgets", _budget),
     ("aborted as stale (requeued)", lambda f: f"{f['stale_requests']['requeued']:,}"),
     ("partial samples (stale, answered so far)", lambda f: f"{f['stale_requests']['partial']:,}"),
+    ("tokens on weights older than the fleet's newest: served / generated", _forbidden_tokens),
+    ("dispatches to a half-updated engine", _half_updated),
 ]
 
 

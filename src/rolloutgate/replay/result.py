@@ -73,6 +73,20 @@ def verdicts(config: ReplayConfig, figures: dict[str, dict[str, Any]]) -> list[d
             after is not None and after <= bound,
             None if after is None else round(after, 1),
         )
+        if config.version_faults:
+            weights = engine["weights"]
+            check(
+                "engine",
+                "0 tokens served under a version the policy (latest-only) forbids",
+                weights["forbidden_tokens_served"] == 0,
+                weights["forbidden_tokens_served"],
+            )
+            check(
+                "engine",
+                "0 requests dispatched to a half-updated engine",
+                weights["half_updated_dispatches"] == 0,
+                weights["half_updated_dispatches"],
+            )
         frozen = engine["frozen_engine_requests"]
         caught = frozen.get("caught", 0)
         elsewhere = frozen.get("answered_by_other_engines", 0)

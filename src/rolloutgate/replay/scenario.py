@@ -15,6 +15,13 @@ What the incident contained (shared/DESIGN.md) and how it appears here:
   of every engine in wallclock mode; the engines take `weight_update_s` (25 s) to load it;
 - one engine that freezes for good partway through (`freeze_at`).
 
+With `version_faults` (docs/rl.md, "A replay with a restart on old weights and a failed update"), two more
+faults of an RL fleet's weights: at the update, engine `update_fail_engine`'s update fails (the simulator's
+`update_fails` fault: it answers `success: false` and keeps its old weights), and at `restart_at` engine
+`restart_engine` restarts (the `restart` fault: its port closed `restart_down_s`, then `restart_starting_s`
+loading, then it serves holding the checkpoint it was launched with, not the update). The engine-time gateway
+runs with `--version-policy latest-only`; the wallclock proxy knows no versions (its default, `any`).
+
 The client is LiteLLM as in the incident: non-streaming, `timeout=300 s` (a read timeout: for a non-streaming
 request that receives nothing until its answer, the whole turn), default retries (3 attempts).
 """
@@ -90,13 +97,21 @@ class ReplayConfig:
     update_at: float = 0.45
     freeze_at: float = 0.72
     freeze_engine: int = -1  # index; negative counts from the end
+    # weight faults (module docstring)
+    version_faults: bool = False
+    update_fail_engine: int = 0  # its update fails (index; negative counts from the end)
+    restart_engine: int = 1  # restarts onto its launch weights after the update
+    restart_at: float = 0.55  # fraction of the duration
+    restart_down_s: float = 20.0  # its port closed
+    restart_starting_s: float = 40.0  # then loading: health and generation answer 503
+    update_on_failure: str = "keep"  # the engine-time update's `on_failure` (keep, exclude, rollback)
 
     def __post_init__(self) -> None:
         if not self.time_scale > 0 or not self.duration_s > 0:
             raise ValueError("time_scale and duration_s must be > 0")
         if self.agents < 1 or self.engines < 2:
             raise ValueError("a replay needs at least 1 agent and 2 engines (one of them freezes)")
-        for name in ("storms_at", "update_at", "freeze_at"):
+        for name in ("storms_at", "update_at", "freeze_at", "restart_at"):
             value = getattr(self, name)
             for fraction in value if isinstance(value, tuple) else (value,):
                 if not 0.0 <= fraction < 1.0:
@@ -105,10 +120,28 @@ class ReplayConfig:
             raise ValueError("long_share must be in [0, 1] and turns_per_session >= 1")
         if self.max_seq_len is not None and self.max_seq_len < 1:
             raise ValueError("max_seq_len must be >= 1 (or None: no budget)")
+        if self.update_on_failure not in ("keep", "exclude", "rollback"):
+            raise ValueError("update_on_failure must be keep, exclude or rollback")
+        if self.version_faults:
+            faulty = {self.frozen_engine, self.failed_update_engine, self.restarted_engine}
+            if len(faulty) < 3:
+                raise ValueError(
+                    "version_faults needs 3 different engines for the freeze, the failed update and the restart"
+                )
+            if not self.restart_at > self.update_at:
+                raise ValueError("restart_at must come after update_at (a restart onto the old weights)")
 
     @property
     def frozen_engine(self) -> int:
         return self.freeze_engine % self.engines
+
+    @property
+    def failed_update_engine(self) -> int:
+        return self.update_fail_engine % self.engines
+
+    @property
+    def restarted_engine(self) -> int:
+        return self.restart_engine % self.engines
 
     def real_s(self, simulated_s: float) -> float:
         return simulated_s / self.time_scale
@@ -124,7 +157,8 @@ class ReplayConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScenarioEvent:
-    """A scripted event: `storm` (new sessions arrive), `update` (weight update), `freeze` (an engine hangs)."""
+    """A scripted event: `storm` (new sessions arrive), `update` (weight update; with `version_faults` its
+    `fail_engine`'s fails), `freeze` (an engine hangs), `restart` (an engine restarts onto its launch weights)."""
 
     kind: str
     at_s: float
@@ -138,7 +172,20 @@ def timeline(config: ReplayConfig) -> list[ScenarioEvent]:
         ScenarioEvent(kind="storm", at_s=f * d, detail={"sessions": config.storm_sessions, "wave": i})
         for i, f in enumerate(config.storms_at)
     ]
-    events.append(ScenarioEvent(kind="update", at_s=config.update_at * d))
+    update = {"fail_engine": config.failed_update_engine} if config.version_faults else {}
+    events.append(ScenarioEvent(kind="update", at_s=config.update_at * d, detail=update))
+    if config.version_faults:
+        events.append(
+            ScenarioEvent(
+                kind="restart",
+                at_s=config.restart_at * d,
+                detail={
+                    "engine": config.restarted_engine,
+                    "down_s": config.restart_down_s,
+                    "starting_s": config.restart_starting_s,
+                },
+            )
+        )
     events.append(
         ScenarioEvent(kind="freeze", at_s=config.freeze_at * d, detail={"engine": config.frozen_engine})
     )

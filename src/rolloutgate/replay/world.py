@@ -11,6 +11,8 @@ Events:
 - update: engine-time mode calls the gateway's `/admin/update_weights` (gate closed, engines paused in place,
   weights loaded, resumed); wallclock mode pauses every engine itself (`/pause_generation` in place), loads the
   weights, continues (the gateway knows nothing, like the incident's proxy);
+- restart (with `version_faults`): the engine restarts (the simulator's `restart` fault) and comes back holding
+  its launch weights; at the update, `fail_engine`'s update fails (`update_fails`, set for the update only);
 - freeze: the engine stops for good. The freeze lands while the engine is decoding for someone and no
   ~100K-token prefill is in progress there (neither on the engine nor, as the gateway counts it, on its way
   there), so that "detected within stall_timeout" is what is measured (an idle engine
@@ -89,6 +91,7 @@ class ModeRecords:
     cpu_s: float
     loop_lags: list[tuple[float, float]]  # (simulated time, real seconds late) of event-loop stalls
     gateway_counters: dict[str, float] = field(default_factory=dict)  # its /metrics at the end: COUNTERS
+    weights: list[dict[str, Any]] = field(default_factory=list)  # per engine: its versions, its updates
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -133,6 +136,8 @@ def gateway_settings(config: ReplayConfig, mode: str, urls: list[str]) -> Gatewa
         "log_level": "warning",
         **({} if config.prefill_admission else PREFILL_ADMISSION_OFF),
     }
+    if config.version_faults and mode == "engine":  # the wallclock proxy knows no versions
+        settings["version_policy"] = "latest-only"
     if config.record_trace is not None:
         settings["record_trace"] = str(Path(config.record_trace) / f"trace-{mode}.jsonl")
     return GatewaySettings(**(settings | dict(config.gateway_settings)))
@@ -174,27 +179,60 @@ class _Events:
             await self._update(record)
         elif event.kind == "freeze":
             await self._freeze(self.cluster.engines[int(event.detail["engine"])], record)
+        elif event.kind == "restart":
+            engine = self.cluster.engines[int(event.detail["engine"])]
+            engine.set_fault(
+                Fault(
+                    kind="restart",
+                    down_s=float(event.detail["down_s"]),
+                    duration_s=float(event.detail["starting_s"]),
+                )
+            )
         record["ended_at"] = self.cluster.clock.now()
         self.done.append(record)
 
     async def _update(self, record: dict[str, Any]) -> None:
+        failing = record.get("fail_engine")
+        if failing is None:
+            await self._update_all(record)
+            return
+        engine = self.cluster.engines[int(failing)]
+        engine.set_fault(Fault(kind="update_fails"))
+        try:
+            await self._update_all(record)
+        finally:
+            engine.clear_faults("update_fails")
+
+    async def _update_all(self, record: dict[str, Any]) -> None:
         body = {"model_path": "sim-model-v2", "weight_version": "v2"}
         if self.mode == "engine":
-            payload = {"path": "/update_weights_from_disk", "body": body, "mode": "in_place"}
+            payload = {
+                "path": "/update_weights_from_disk",
+                "body": body,
+                "mode": "in_place",
+                "on_failure": self.config.update_on_failure,
+            }
+            if self.config.update_on_failure == "rollback":
+                payload["rollback_body"] = {"model_path": "sim-model", "weight_version": "default"}
             async with self.http.post(f"{self.gateway.url}/admin/update_weights", json=payload) as response:
                 record["status"] = response.status
+                report = await response.json()
+            record["failed"] = [r["engine"] for r in report.get("engines", []) if not r.get("ok")]
+            record["excluded"] = report.get("excluded", [])
             return
         # wallclock: whoever updates the weights pauses the engines themselves; the proxy knows nothing
         urls = self.cluster.urls
 
-        async def post(url: str, path: str, payload: dict[str, Any]) -> None:
+        async def post(url: str, path: str, payload: dict[str, Any]) -> int:
             async with self.http.post(url + path, json=payload) as response:
                 await response.read()
+                return response.status
 
         await asyncio.gather(*(post(u, "/pause_generation", {"mode": "in_place"}) for u in urls))
-        await asyncio.gather(*(post(u, "/update_weights_from_disk", body) for u in urls))
+        updated = await asyncio.gather(*(post(u, "/update_weights_from_disk", body) for u in urls))
         await asyncio.gather(*(post(u, "/continue_generation", {}) for u in urls))
         record["status"] = 200
+        record["failed"] = [f"engine {i}" for i, status in enumerate(updated) if status != 200]
 
     async def _freeze(self, engine: SimEngine, record: dict[str, Any]) -> None:
         poll_s = max(0.01, self.config.real_s(0.5))
@@ -267,7 +305,7 @@ async def run_mode(
         record_token_times=config.record_token_times,
     ) as cluster:
         ledger_type = _TimedLedger if config.record_token_times else GenerationLedger
-        ledgers = [ledger_type.attach(engine) for engine in cluster.engines]
+        ledgers = ledger_type.attach_fleet(cluster.engines)
         clock = cluster.clock
         lags: list[tuple[float, float]] = []
         watcher = asyncio.create_task(_watch_loop(clock.now, lags))
@@ -332,6 +370,7 @@ async def run_mode(
             cpu_s=time.process_time() - cpu0,
             loop_lags=lags,
             gateway_counters=counters,
+            weights=[ledger.weights() for ledger in ledgers],
         )
         if progress is not None:
             progress(_progress(mode, ended_at, fleet, config) | {"done": True})
