@@ -115,6 +115,12 @@ class GatewaySettings(BaseSettings):
         ge=0,
         description="in flight above the least loaded engine before a session moves",
     )
+    session_binding_idle: float | None = Field(
+        default=1800.0,
+        gt=0,
+        description="seconds a session's engine binding outlives its last call (none = until evicted, DELETE or "
+        "/finish_session releases it)",
+    )
     placement: Placement = Field(
         default=_CORE.placement, description="how requests are placed on engines (docs/prefill.md)"
     )

@@ -89,19 +89,19 @@ def test_no_rest_without_a_ratio_or_after_an_abort() -> None:
 
 def test_session_table_estimates_uncached_and_is_lru() -> None:
     t = SessionTable(max_entries=2)
-    t.record("s1", "e1", 1000)
-    t.record(None, "e1", 5)  # no key: nothing recorded
+    t.record("s1", "e1", 1000, now=0.0)
+    t.record(None, "e1", 5, now=0.0)  # no key: nothing recorded
     assert t.uncached("s1", 1200, "e1") == 200
     assert t.uncached("s1", 1200, "e2") == 1200
     assert t.uncached("s1", 800, "e1") == 0
     assert t.uncached(None, 50, "e1") == 50
-    t.record("s2", "e1", 1)
+    t.record("s2", "e1", 1, now=0.0)
     t.get("s1")
-    t.record("s3", "e2", 1)  # evicts the least recently *recorded* (s1)
+    t.record("s3", "e2", 1, now=0.0)  # evicts the least recently *recorded* (s1)
     assert t.get("s1") is None and t.get("s3") == ("e2", 1) and len(t) == 2
-    t.grow("s3", "e1", 999)  # finished on an engine the session has left: ignored
-    t.grow("s3", "e2", 50)
-    t.grow("new", "e1", 7)
+    t.grow("s3", "e1", 999, now=0.0)  # finished on an engine the session has left: ignored
+    t.grow("s3", "e2", 50, now=0.0)
+    t.grow("new", "e1", 7, now=0.0)
     assert t.get("s3") == ("e2", 50) and t.get("new") == ("e1", 7)
     with pytest.raises(ValueError):
         SessionTable(0)

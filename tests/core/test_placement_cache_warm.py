@@ -102,3 +102,27 @@ def test_in_the_core_new_sessions_spread_by_bound_sessions_and_an_ended_session_
     assert [h.engine_of[r] for r in ("x", "g1", "f1")] == ["e0", "e1", "e1"]
     h.arrive("a2", routing_key="a", prompt_tokens=3000)  # a known session stays where its history is
     assert h.commands(Dispatch)[-1].engine_id == "e0"
+
+
+def test_in_the_core_a_session_idle_past_its_bound_frees_its_place_and_a_long_call_keeps_it() -> None:
+    """`session_idle_s` 600: a session whose last call ended 600+ s ago no longer counts on its engine, while
+    one whose call has run for 900 s (far past the bound) still does, and takes its next turn there."""
+    h = Harness(reference(placement="cache_warm", session_idle_s=600.0))
+    h.engines(e0=8, e1=8)
+    h.arrive("a1", routing_key="a", prompt_tokens=2000)
+    h.arrive("b1", routing_key="b", prompt_tokens=2000)
+    assert (h.engine_of["a1"], h.engine_of["b1"]) == ("e0", "e1")
+    h.progress("a1")
+    h.finish("a1")  # a on e0 goes idle; b1 runs on and on
+    h.advance(599.0, streams={"b1": 1.0})
+    h.arrive("c1", routing_key="c", prompt_tokens=2000)  # one session bound on each: the least loaded
+    assert h.engine_of["c1"] == "e0"
+    h.progress("c1")
+    h.finish("c1")
+    h.advance(301.0, streams={"b1": 1.0})  # a idle 900 s: released; c idle 301 s; b busy for 900 s
+    h.arrive("d1", routing_key="d", prompt_tokens=2000)
+    assert h.engine_of["d1"] == "e0"  # a released: one session on each, e0 the less loaded (a kept: e1)
+    h.arrive("f1", routing_key="f", prompt_tokens=2000)
+    assert h.engine_of["f1"] == "e1"  # now e0 holds c and d, e1 holds b
+    h.arrive("b2", routing_key="b", prompt_tokens=3000)
+    assert h.engine_of["b2"] == "e1"  # b's binding outlived the bound while its call ran

@@ -63,6 +63,16 @@ async def test_each_engine_has_one_owner_and_keyed_calls_reach_it_in_one_hop(fle
     assert 0 < forwarded < 30
 
 
+async def test_a_sessions_finish_reaches_the_replica_that_served_its_calls(fleet: LocalFleet) -> None:
+    key = key_owned_by(fleet.controller.latest, "replica-1", "agent-")
+    body, headers = generate(key)
+    turn = await fleet.http.post(f"{fleet.replicas[0].url}/generate", json=body, headers=headers)
+    assert turn.status_code == 200 and turn.headers[REPLICA_HEADER] == "replica-1"
+    finish = await fleet.http.post(f"{fleet.replicas[0].url}/finish_session", params={"session_id": key})
+    assert finish.status_code == 200 and finish.json() == {"session_id": key, "finished": True}
+    assert (finish.headers[REPLICA_HEADER], finish.headers[VIA_HEADER]) == ("replica-1", "replica-0")
+
+
 async def test_a_streamed_call_passes_through_the_hop(fleet: LocalFleet) -> None:
     view = fleet.controller.latest
     key = next(k for k in (f"s{i}" for i in range(100)) if view.key_owner(k) == "replica-2")

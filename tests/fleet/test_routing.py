@@ -67,6 +67,14 @@ def test_a_keyed_call_is_served_by_the_keys_owner_from_any_replica(key: str, me:
         assert decision == Forward(owner or "", VIEW.replicas[owner or ""])
 
 
+@given(st.text(min_size=1, max_size=30), st.sampled_from(REPLICAS))
+def test_a_sessions_finish_goes_where_its_calls_went(key: str, me: str) -> None:
+    """`/finish_session?session_id=K` (the edge passes K as the key) reaches the replica whose core holds K's
+    binding: the one its keyed calls are served by; without an id it is answered here (a 400)."""
+    assert where("POST", "/finish_session", key=key, me=me) == where("POST", "/generate", key=key, me=me)
+    assert where("POST", "/finish_session", me=me) == Here()
+
+
 @given(st.text(min_size=1, max_size=30), st.sampled_from(REPLICAS), st.sampled_from(REPLICAS))
 def test_a_forwarded_request_is_never_forwarded_again(key: str, me: str, forwarder: str) -> None:
     for path in (

@@ -95,7 +95,7 @@ class Ledger:
         self.timers: TimerHeap[_TimerKey] = TimerHeap()  # real time
         self.gate = Gate()
         self.weights = WeightVersions(config.max_staleness)
-        self.sessions = SessionTable(config.max_sessions)
+        self.sessions = SessionTable(config.max_sessions, config.session_idle_s)
         self.groups = GroupTable()  # live groups (group_table.py); placed through the session table
         placement = config.placement if self.is_engine_mode else "least_outstanding"
         self.dispatcher = Dispatcher(
@@ -129,6 +129,7 @@ class Ledger:
             return
         if self.gate.is_closed or not self.schedulable:
             return
+        self.sessions.expire(now)
         for r, engine in self.dispatcher.decisions(self.requests, self.engines, self.schedulable):
             self.dispatch(r, engine, now, out)
 
@@ -157,7 +158,8 @@ class Ledger:
         r.attempt += 1
         r.started_version, r.is_stale_answering = self.weights.version, False
         r.avoid_engines = NO_ENGINES
-        self.sessions.record(r.routing_key, engine.engine_id, r.prompt_tokens, r.group)
+        self.sessions.record(r.routing_key, engine.engine_id, r.prompt_tokens, r.group, now=now)
+        self.sessions.started(r.routing_key, now)
         if self.is_engine_mode:
             self.arm_request(r, engine)
             self.touch(engine)
@@ -216,6 +218,7 @@ class Ledger:
         engine.timers[r.clock.charge_class].discard(r.request_id)
         r.clock.end_stint(now, forgive=forgive)
         r.engine = None
+        self.sessions.ended(r.routing_key, now)
         self.touch(engine)
 
     def arm_request(self, r: RequestRecord, engine: EngineRecord) -> None:

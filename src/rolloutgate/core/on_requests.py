@@ -91,6 +91,7 @@ def on_arrived(ledger: Ledger, ev: RequestArrived, now: float) -> list[Command]:
         ledger.requests[r.request_id] = r
         if r.group is not None:
             ledger.groups.join(r.group, r.request_id, now)
+        ledger.sessions.expire(now)  # sessions idle too long no longer count where they were bound
         engine = _direct_engine(ledger, r)
         if engine is None:
             ledger.enqueue(r, now)
@@ -177,7 +178,7 @@ def on_finished(ledger: Ledger, ev: UpstreamFinished, now: float) -> list[Comman
     r = ledger.requests.get(ev.request_id)
     if r is None or r.engine is None or (ev.attempt is not None and ev.attempt != r.attempt):
         return []
-    ledger.sessions.grow(r.routing_key, r.engine.engine_id, r.prompt_tokens + r.tokens)
+    ledger.sessions.grow(r.routing_key, r.engine.engine_id, r.prompt_tokens + r.tokens, now=now)
     engine_id = r.engine.engine_id
     ledger.detach(r, now)
     r.move_to(RequestState.DONE)

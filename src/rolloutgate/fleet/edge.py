@@ -34,6 +34,7 @@ from rolloutgate.fleet.links import ControllerLink, ControllerUnreachable
 from rolloutgate.fleet.operations import OPERATIONS, operation_named
 from rolloutgate.fleet.registration import serve_registration
 from rolloutgate.fleet.routing import (
+    FINISH_SESSION,
     FLEET_RL,
     FORWARDED_HEADER,
     REPLICA_HEADER,
@@ -120,7 +121,9 @@ def install(app: web.Application, member: FleetMember) -> None:
         return decide(
             request.method,
             request.path,
-            routing_key=routing_key_of(request),
+            routing_key=(
+                request.query.get("session_id") if request.path == FINISH_SESSION else routing_key_of(request)
+            ),
             forwarded_by=request.headers.get(FORWARDED_HEADER),
             view=view,
             self_id=member.replica_id,

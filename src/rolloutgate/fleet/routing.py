@@ -12,14 +12,16 @@ carries out the answer.
   own engines (an even spread; the session id then names that replica, so its turns find it).
 - A session's own paths (`/sessions/{id}...`) and the inference routes with a routing key go to the key's
   owner (`FleetView.key_owner`).
+- `/finish_session?session_id=` (vllm-router's release of a session's binding) goes to the owner of that key,
+  the replica whose core holds the binding.
 - An inference call without a key is served here if this replica owns an engine (any replica accepts any
   request), else at a replica that does.
 - Engine control (`/admin/pause`, `/admin/resume`, `/admin/update_weights`, `/abort_request`, `/flush_cache`,
   `/engine_metrics`, the trainer's control plane `/v1/rl/...`, and with `?scope=fleet` `/admin/state` and
   `/metrics`) is for the whole fleet: this replica judges the caller's rights, and the controller runs it on
   every replica over Ray (fleet/operations.py), never over a hop.
-- Everything else (`/admin/state`, `/metrics`, `/health`, the engine proxy) is served here. Only inference and
-  session paths are ever forwarded: the owner judges the caller's rights by its address, which for a
+- Everything else (`/admin/state`, `/metrics`, `/health`, the engine proxy) is served here. Only inference, session
+  paths and `/finish_session` are ever forwarded: the owner judges the caller's rights by its address, which for a
   forwarded call is the forwarder's.
 """
 
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from rolloutgate.fleet.assignment import FleetView
 
 __all__ = (
+    "FINISH_SESSION",
     "FLEET_READS",
     "FLEET_RL",
     "FLEET_WIDE",
@@ -54,6 +57,7 @@ REPLICA_URL_HEADER = "X-Rolloutgate-Replica-Url"  # on every answer: that replic
 VIA_HEADER = "X-Rolloutgate-Via"  # on a forwarded answer: the replica that forwarded it
 
 INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate"})
+FINISH_SESSION = "/finish_session"  # its key is the query's `session_id` (server/finish_session.py)
 REGISTRATION = frozenset(
     {
         ("POST", "/workers"),
@@ -157,6 +161,8 @@ def decide(
     session_id = session_of_path(path)
     if session_id is not None:
         return _to(view, view.key_owner(session_id), self_id)
+    if path == FINISH_SESSION:
+        return _to(view, view.key_owner(routing_key), self_id) if routing_key else HERE
     if path not in INFERENCE_PATHS:
         return HERE
     if routing_key:

@@ -40,6 +40,7 @@ from rolloutgate.server import (
     admin,
     engine_metrics,
     fan_out,
+    finish_session,
     front,
     groups,
     rl_plane,
@@ -105,6 +106,7 @@ def core_config(settings: GatewaySettings) -> GatewayCoreConfig:
         retry_grace_s=settings.retry_grace,
         contention_min_prefill_tokens=settings.contention_min_prefill_tokens,
         affinity_max_excess=settings.affinity_max_excess,
+        session_idle_s=math.inf if settings.session_binding_idle is None else settings.session_binding_idle,
         placement=settings.placement,
         engine_cache_tokens=(
             math.inf if settings.engine_cache_tokens is None else settings.engine_cache_tokens
@@ -175,6 +177,7 @@ def build_app(settings: GatewaySettings) -> web.Application:
     admin.add_routes(app)
     weight_update.add_routes(app)
     groups.add_routes(app)
+    finish_session.add_routes(app)
     fan_out.add_routes(app)
     rl_plane.add_routes(app)
     engine_metrics.add_routes(app)
