@@ -74,12 +74,29 @@ async def test_keep_reports_the_failed_engine_and_leaves_the_pool_as_it_was(
     cluster = await make_cluster(engines=2)
     gateway = await make_gateway(cluster)
     await cluster.engines[1].stop()
-    report = (await http.post(f"{gateway.url}/admin/update_weights", json=UPDATE)).json()
+    keep = {**UPDATE, "on_failure": "keep"}
+    report = (await http.post(f"{gateway.url}/admin/update_weights", json=keep)).json()
     assert report["on_failure"] == "keep" and report["excluded"] == [] and not report["ok"]
     assert [w["id"] for w in (await http.get(f"{gateway.url}/workers")).json()["workers"]] == [
         "engine-0",
         "engine-1",
     ]
+
+
+async def test_by_default_an_update_all_at_once_takes_a_failed_engine_out_and_a_staggered_one_keeps_it(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
+) -> None:
+    cluster = await make_cluster(engines=3)
+    gateway = await make_gateway(cluster)
+    await cluster.engines[2].stop()
+    staggered = (
+        await http.post(f"{gateway.url}/admin/update_weights", json={**UPDATE, "staggered": True})
+    ).json()
+    assert staggered["on_failure"] == "keep" and staggered["excluded"] == [] and not staggered["ok"]
+    report = (await http.post(f"{gateway.url}/admin/update_weights", json=UPDATE)).json()
+    assert report["on_failure"] == "exclude" and report["excluded"] == ["engine-2"] and not report["ok"]
+    workers = (await http.get(f"{gateway.url}/workers")).json()["workers"]
+    assert [w["id"] for w in workers] == ["engine-0", "engine-1"]
 
 
 @pytest.mark.parametrize(

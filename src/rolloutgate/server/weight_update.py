@@ -9,11 +9,13 @@ calls around the core's events:
     update (staggered):    for each engine in turn: EnginePaused(e) -> [drain: wait for e's in-flight] ->
                            pause e -> update e -> continue e -> EngineResumed(e); the others keep serving
 
-All or none (`"on_failure"`, all at once only). The engines are the pool as the update begins. With `keep`
-(the default) an engine whose update failed is reported and serves on (its old weights: `--version-policy
-latest-only` keeps requests off it). With `exclude` it is taken out of the pool before generation continues
-(EngineLeft: what it held is re-queued on the others, charge forgiven), so nothing is served on mixed weights;
-the trainer registers it again once it holds the fleet's weights. With `rollback` the engines that did update
+All or none (`"on_failure"`, all at once only). The engines are the pool as the update begins. With `exclude`
+(the default) an engine whose update failed is taken out of the pool before generation continues (EngineLeft:
+what it held is re-queued on the others, charge forgiven), so nothing is served on mixed weights, not even the
+rest of a call the update found running there (the replay in docs/rl.md served 7,288 tokens on old weights
+that way under `keep`); the trainer registers it again once it holds the fleet's weights. With `keep` (a
+staggered update's only mode: it serves mixed weights by design) it is reported and serves on with its old
+weights (`--version-policy latest-only` keeps new requests off it; what it held goes on). With `rollback` the engines that did update
 are given `rollback_body` (the previous weights, as the trainer names them) on the same path, and the failed
 ones, and any whose roll back failed, are taken out: the pool serves the previous weights, uniformly. The
 report says which engines were taken out and which rolled back.
@@ -93,7 +95,7 @@ class UpdatePlan:
 
 def _plan(body: dict[str, Any]) -> UpdatePlan:
     """Body: {"path": "/update_weights_from_disk", "body": {...}, "mode": "in_place", "staggered": false,
-    "drain_timeout": seconds, "on_failure": "keep", "rollback_body": {...}}; a BadRequest for what is wrong."""
+    "drain_timeout": seconds, "on_failure": "exclude", "rollback_body": {...}}; a BadRequest for what is wrong."""
     path = body.get("path", "/update_weights_from_disk")
     if not isinstance(path, str) or path not in UPDATE_PATHS:
         raise BadRequest(f"'path' must be one of {sorted(UPDATE_PATHS)}", param="path", code="invalid_path")
@@ -108,7 +110,9 @@ def _plan(body: dict[str, Any]) -> UpdatePlan:
             param="mode",
             code="invalid_mode",
         )
-    on_failure = body.get("on_failure", "keep")
+    staggered = bool(body.get("staggered"))
+    # all at once: a failed engine is taken out (no mixed weights); staggered updates serve mixed weights anyway
+    on_failure = body.get("on_failure", "keep" if staggered else "exclude")
     if on_failure not in ON_FAILURE:
         raise BadRequest(
             f"'on_failure' must be one of {list(ON_FAILURE)}", param="on_failure", code="invalid_value"
@@ -120,7 +124,6 @@ def _plan(body: dict[str, Any]) -> UpdatePlan:
             param="rollback_body",
             code="invalid_value",
         )
-    staggered = bool(body.get("staggered"))
     if on_failure != "keep" and staggered:
         raise BadRequest(
             "'on_failure' other than keep needs an all-at-once update (a staggered one serves the new weights "
