@@ -248,6 +248,7 @@ def test_version_faults_in_the_scenario_and_the_gateways_settings() -> None:
         {"engines": 2},  # the freeze, the failed update and the restart need three engines
         {"engines": 4, "restart_engine": 3},  # the frozen one
         {"engines": 4, "restart_at": 0.3},  # before the update
+        {"engines": 4, "update_on_failure": "ignore"},  # not an on_failure of the gateway's
     ],
 )
 def test_version_faults_need_three_engines_and_a_restart_after_the_update(bad: dict[str, Any]) -> None:

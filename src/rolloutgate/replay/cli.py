@@ -75,9 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--on-update-failure",
         choices=("keep", "exclude", "rollback"),
-        default=_DEFAULTS.update_on_failure,
-        help="the engine-time update's on_failure (default keep: the engine whose update failed serves on "
-        "its old weights, which latest-only keeps new requests off)",
+        help="the engine-time update's on_failure (default: none sent, the gateway's own default; keep: the "
+        "engine whose update failed serves on, on its old weights, what the update found running there)",
     )
     add(
         "--no-prefill-admission",

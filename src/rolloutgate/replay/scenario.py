@@ -104,7 +104,8 @@ class ReplayConfig:
     restart_at: float = 0.55  # fraction of the duration
     restart_down_s: float = 20.0  # its port closed
     restart_starting_s: float = 40.0  # then loading: health and generation answer 503
-    update_on_failure: str = "keep"  # the engine-time update's `on_failure` (keep, exclude, rollback)
+    # the engine-time update's `on_failure` (keep, exclude, rollback); None: not sent, the gateway's default
+    update_on_failure: str | None = None
 
     def __post_init__(self) -> None:
         if not self.time_scale > 0 or not self.duration_s > 0:
@@ -120,8 +121,10 @@ class ReplayConfig:
             raise ValueError("long_share must be in [0, 1] and turns_per_session >= 1")
         if self.max_seq_len is not None and self.max_seq_len < 1:
             raise ValueError("max_seq_len must be >= 1 (or None: no budget)")
-        if self.update_on_failure not in ("keep", "exclude", "rollback"):
-            raise ValueError("update_on_failure must be keep, exclude or rollback")
+        if self.update_on_failure not in (None, "keep", "exclude", "rollback"):
+            raise ValueError(
+                "update_on_failure must be keep, exclude, rollback or None (the gateway's default)"
+            )
         if self.version_faults:
             faulty = {self.frozen_engine, self.failed_update_engine, self.restarted_engine}
             if len(faulty) < 3:

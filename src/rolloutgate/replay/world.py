@@ -206,12 +206,9 @@ class _Events:
     async def _update_all(self, record: dict[str, Any]) -> None:
         body = {"model_path": "sim-model-v2", "weight_version": "v2"}
         if self.mode == "engine":
-            payload = {
-                "path": "/update_weights_from_disk",
-                "body": body,
-                "mode": "in_place",
-                "on_failure": self.config.update_on_failure,
-            }
+            payload: dict[str, Any] = {"path": "/update_weights_from_disk", "body": body, "mode": "in_place"}
+            if self.config.update_on_failure is not None:
+                payload["on_failure"] = self.config.update_on_failure
             if self.config.update_on_failure == "rollback":
                 payload["rollback_body"] = {"model_path": "sim-model", "weight_version": "default"}
             async with self.http.post(f"{self.gateway.url}/admin/update_weights", json=payload) as response:
