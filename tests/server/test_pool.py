@@ -204,13 +204,13 @@ def test_without_engines_that_state_it_the_gateways_tokenizer_gives_the_vocabula
 
 
 def pool_with(
-    engine: FakeSGLang, *, in_flight: list[int], state: list[str]
+    engine: FakeSGLang, *, in_flight: list[int], state: list[str], clock: str = "engine"
 ) -> tuple[list[tuple[float, Event]], asyncio.Task[None]]:
     """The health loop of a pool whose core holds `in_flight[0]` calls on the engine, in state `state[0]`."""
     events: list[tuple[float, Event]] = []
     loop = asyncio.get_running_loop()
     pool = EnginePool(
-        GatewaySettings(),
+        GatewaySettings(clock=clock),
         lambda e: events.append((loop.time(), e)),
         lambda s: s,
         lambda _engine: state[0],
@@ -235,6 +235,18 @@ async def test_a_check_that_hangs_while_the_engine_holds_work_is_no_verdict() ->
     task.cancel()
     failed = [e for _, e in events if isinstance(e, EngineHealthChecked) and not e.healthy]
     assert len(failed) == 1, events  # three failed checks in a row once it holds nothing
+
+
+@pytest.mark.looptime
+async def test_under_the_wallclock_clock_a_check_that_hangs_counts_though_the_engine_holds_work() -> None:
+    """Nothing judges progress under `--clock wallclock`: the health check is the only judge, so a frozen
+    engine holding work is found by its checks (three hung in a row), as today's proxies find it."""
+    engine = FakeSGLang(hung_from=12.0)
+    events, task = pool_with(engine, in_flight=[1], state=["healthy"], clock="wallclock")
+    await asyncio.sleep(12 + 3 * (5 + 15) + 1)
+    task.cancel()
+    failed = [e for _, e in events if isinstance(e, EngineHealthChecked) and not e.healthy]
+    assert len(failed) == 1, events
 
 
 class WedgedEngine(FakeSGLang):

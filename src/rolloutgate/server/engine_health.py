@@ -30,7 +30,9 @@ core holds work on: SGLang's `/health` generates a token, which waits behind wha
 forward pass from returning (a compile on its first request takes minutes, rllm#926), and the core judges such
 an engine by its progress (core/liveness.py, with its warm-up for a first request). So a check that hung is
 not counted as a failure while the engine has calls in flight (`engine_in_flight`); an engine that answers
-an error, refuses the connection, or hangs with nothing to do is counted as before.
+an error, refuses the connection, or hangs with nothing to do is counted as before. Under `--clock wallclock`
+nothing judges progress (the mode of today's proxies), so there every check that hangs counts, busy or not:
+otherwise a frozen engine holding work would never be found (the replay's wallclock mode, docs/replay.md).
 
 Dead is not alive either. An engine the core caught hung (quarantined: work on it made no progress for its
 stall window) comes back only by generating: its health check is then a one-token generation
@@ -265,7 +267,8 @@ class EngineHealth:
     async def _record_check(self, handle: EngineHandle, outcome: bool | None) -> None:
         """A health check's outcome (`_check_health`); one that hung while the core holds work on the engine
         is no verdict: its liveness judges it by its progress (module docstring, "Busy is not dead")."""
-        if outcome is None and self.pool.engine_in_flight(handle.engine_id) > 0:
+        judged_by_progress = self.pool.settings.clock == "engine"
+        if outcome is None and judged_by_progress and self.pool.engine_in_flight(handle.engine_id) > 0:
             log.debug(
                 "%s: health check unanswered while it holds work; its progress judges it", handle.engine_id
             )
