@@ -10,6 +10,7 @@ from rolloutgate.replay.measure import measure
 from rolloutgate.replay.report import markdown_report
 from rolloutgate.replay.result import ReplayResult
 from rolloutgate.replay.scenario import ReplayConfig
+from tests.replay.mode_records import mode_records
 
 
 def turn(tag: str, *, max_tokens: int, completion: int, ok: bool | None, budget_full: bool = False) -> dict:
@@ -32,25 +33,8 @@ def turn(tag: str, *, max_tokens: int, completion: int, ok: bool | None, budget_
 
 
 def records(turns: list[dict[str, Any]], counters: dict[str, float] | None) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "mode": "engine",
-        "config": ReplayConfig(max_seq_len=120_000).to_json(),
-        "engine_urls": ["http://e0"],
-        "events": [],
-        "turns": turns,
-        "attempts": [],
-        "ends": [],
-        "marks": [],
-        "generations": [],
-        "holds": [],
-        "ended_at": 2400.0,
-        "real_s": 100.0,
-        "cpu_s": 50.0,
-        "loop_lags": [],
-    }
-    if counters is not None:
-        out["gateway_counters"] = counters
-    return out
+    extra = {} if counters is None else {"gateway_counters": counters}
+    return mode_records(ReplayConfig(max_seq_len=120_000), 1, turns=turns, **extra)
 
 
 TURNS = [

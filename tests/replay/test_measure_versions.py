@@ -13,6 +13,7 @@ from rolloutgate.replay.measure import FleetWeights, measure, version_figures, v
 from rolloutgate.replay.report import markdown_report
 from rolloutgate.replay.result import ReplayResult
 from rolloutgate.replay.scenario import ReplayConfig
+from tests.replay.mode_records import mode_records
 
 # 3 engines on `default`; the update to v2 runs on engine 1 from 100 s and on engine 2 from 105 s, both take it
 # at 125 s; engine 0's fails (100-125 s); engine 1 restarts at 200 s onto its launch weights
@@ -135,36 +136,30 @@ def attempt(rid: str) -> dict[str, Any]:
 
 
 def records(*, weights: list[dict[str, Any]] | None = WEIGHTS) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "mode": "engine",
-        "config": ReplayConfig(engines=3, version_faults=True, freeze_engine=2, restart_engine=1).to_json(),
-        "engine_urls": ["http://e0", "http://e1", "http://e2"],
-        "events": [],
-        "turns": [],
-        "attempts": [attempt(r) for r in ANSWERED],
-        "ends": [
-            {
-                "request_id": r,
-                "at": 305.0,
-                "ok": True,
-                "code": "ok",
-                "status": 200,
-                "engine_url": None,
-                "timing": None,
-            }
-            for r in ANSWERED
-        ],
-        "marks": [],
-        "generations": GENERATIONS,
-        "holds": [],
-        "ended_at": 400.0,
-        "real_s": 20.0,
-        "cpu_s": 10.0,
-        "loop_lags": [],
-    }
-    if weights is not None:
-        out["weights"] = weights
-    return out
+    ends = [
+        {
+            "request_id": r,
+            "at": 305.0,
+            "ok": True,
+            "code": "ok",
+            "status": 200,
+            "engine_url": None,
+            "timing": None,
+        }
+        for r in ANSWERED
+    ]
+    config = ReplayConfig(engines=3, version_faults=True, freeze_engine=2, restart_engine=1)
+    return mode_records(
+        config,
+        3,
+        attempts=[attempt(r) for r in ANSWERED],
+        ends=ends,
+        generations=GENERATIONS,
+        ended_at=400.0,
+        real_s=20.0,
+        cpu_s=10.0,
+        **({} if weights is None else {"weights": weights}),
+    )
 
 
 def test_the_fleets_newest_version_and_each_engines_state_over_time() -> None:
