@@ -121,6 +121,12 @@ class GatewaySettings(BaseSettings):
         description="seconds a session's engine binding outlives its last call (none = until evicted, DELETE or "
         "/finish_session releases it)",
     )
+    session_max_in_flight: int | None = Field(
+        default=None,
+        ge=1,
+        description="a session's calls in the gateway at once, queued or running; more wait in order, blocking "
+        "nobody (SMG caps 2 per key; none = no cap)",
+    )
     placement: Placement = Field(
         default=_CORE.placement, description="how requests are placed on engines (docs/prefill.md)"
     )

@@ -104,6 +104,7 @@ class Checker:
     def __init__(self, mode: ClockMode, harness: type[Harness] = Harness, **config: Any) -> None:
         self.h = harness(reference(clock_mode=mode, retry_grace_s=2.0, no_engine_grace_s=20.0, **config))
         self.mode = mode
+        self.session_cap = config.get("session_max_in_flight", math.inf)
         self.arrived: set[str] = set()
         self.ended: Counter[str] = Counter()
         self.limits: dict[str, RequestLimits] = {}
@@ -192,7 +193,13 @@ class Checker:
         now = self.h.now
         for r in view.requests.values():
             self.check_timing(gw.timing(r.request_id, now), r.limits)
-            assert (r.engine is None) == (r.request_id in view.queue)
+            assert (r.engine is None) == (r.request_id in view.queue or r.request_id in view.held)
+            assert r.request_id not in view.held or r.request_id not in view.queue
+        cap = self.session_cap
+        if cap != math.inf:
+            admitted = Counter(r.routing_key for r in view.requests.values() if r.request_id not in view.held)
+            assert all(n <= cap for key, n in admitted.items() if key is not None), admitted
+            assert all(view.requests[rid].routing_key is not None for rid in view.held)
 
     def check_timing(self, t: TimingBreakdown, lim: RequestLimits) -> None:
         assert min(t.queue_s, t.paused_s, t.contention_s, t.charged_s, t.dispatched_s) >= -EPS
@@ -239,6 +246,23 @@ class Checker:
 @given(mode=st.sampled_from(list(ClockMode)), steps=st.lists(op, min_size=5, max_size=80))
 def test_random_event_sequences_keep_the_invariants(mode: ClockMode, steps: list[tuple[Any, ...]]) -> None:
     checker = Checker(mode)
+    for e in ENGINES[:2]:
+        checker.apply(("join", e, 2, math.inf, True))
+    for step in steps:
+        checker.apply(step)
+    checker.drain()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    mode=st.sampled_from(list(ClockMode)),
+    cap=st.sampled_from([1, 2]),
+    steps=st.lists(op, min_size=5, max_size=80),
+)
+def test_with_a_cap_on_each_sessions_calls_no_session_goes_over_it_and_every_call_still_ends(
+    mode: ClockMode, cap: int, steps: list[tuple[Any, ...]]
+) -> None:
+    checker = Checker(mode, session_max_in_flight=float(cap))
     for e in ENGINES[:2]:
         checker.apply(("join", e, 2, math.inf, True))
     for step in steps:

@@ -1,7 +1,11 @@
-"""`POST /finish_session?session_id=` (server/finish_session.py): vllm-router's release of a session's binding,
-as prime-rl and SkyRL call it, seen in where the next new session is placed."""
+"""Sessions at the edge: `POST /finish_session?session_id=` (server/finish_session.py), vllm-router's release
+of a session's binding as prime-rl and SkyRL call it, seen in where the next new session is placed; and
+`--session-max-in-flight` (core/session_cap.py), seen in how the engine runs a session's calls."""
 
 from __future__ import annotations
+
+import asyncio
+import itertools
 
 import httpx
 import pytest
@@ -56,3 +60,34 @@ async def test_a_finish_without_an_id_or_a_key_is_refused_and_the_gateway_serves
         assert answer.json()["error"]["code"] == "invalid_session_id"
         assert answer.json()["error"]["param"] == "session_id"
     assert await engine_of(http, gateway.url, "a") == cluster.urls[0]
+
+
+@pytest.mark.looptime
+async def test_with_a_cap_of_one_a_sessions_calls_reach_the_engine_one_after_another(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
+) -> None:
+    """`--session-max-in-flight 1` (core/session_cap.py): three calls of one session sent at once are all
+    answered, and the engine runs them one at a time; another session's call is not held behind them."""
+    cluster = await make_cluster(engines=1, time_scale=SCALE)
+    gateway = await make_gateway(cluster, session_max_in_flight=1)
+    calls = [  # bodies that differ: the same body again would be a retry, attached to the first (attach.py)
+        http.post(
+            f"{gateway.url}/generate",
+            json={
+                "input_ids": [i, *range(1, 200)],
+                "sampling_params": {"max_new_tokens": 60, "ignore_eos": True},
+            },
+            headers={"X-Session-Id": key},
+        )
+        for i, key in enumerate(("s", "s", "s", "other"), start=1)
+    ]
+    answers = await asyncio.gather(*calls)
+    assert [a.status_code for a in answers] == [200] * 4
+    runs = sorted(
+        (r.arrived_at, r.finished_at)
+        for r in cluster.engines[0].model.requests()
+        if r.arrived_at is not None and r.finished_at is not None
+    )
+    assert len(runs) == 4
+    overlaps = sum(a_end > b_start for (_, a_end), (b_start, _) in itertools.pairwise(runs))
+    assert overlaps == 1, runs  # only "other" ran beside one of the session's calls

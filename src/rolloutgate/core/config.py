@@ -60,6 +60,8 @@ class GatewayCoreConfig:
     max_sessions: int = 100_000  # sessions remembered for affinity (LRU)
     # a session's binding is released after this long with nothing of it in flight (session_table.py `expire`)
     session_idle_s: float = math.inf
+    # a session's calls admitted at once (queued or running); those over it wait in order (session_cap.py)
+    session_max_in_flight: float = math.inf
     # cache_warm placement: each engine's prefix-cache room for the histories of the sessions bound to it, in
     # tokens; a new session goes where its history fits (placement/cache_warm.py). math.inf: not known
     engine_cache_tokens: float = math.inf
@@ -108,6 +110,8 @@ class GatewayCoreConfig:
             raise ValueError("prefill_floor_tokens_per_s and stall_recheck_s must be > 0")
         if self.engine_stall_timeout_s == 0:
             raise ValueError("engine_stall_timeout_s must be > 0")
+        if not self.session_max_in_flight >= 1:
+            raise ValueError("session_max_in_flight must be >= 1 (math.inf: no cap)")
         if not self.session_idle_s > 0:
             raise ValueError("session_idle_s must be > 0 (math.inf: never)")
         for name in ("max_queue", "max_attempts", "max_sessions"):

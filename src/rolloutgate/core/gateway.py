@@ -132,6 +132,8 @@ class Gateway:
         """
         ledger = self._ledger
         out = self._handlers[type(event)](ledger, event, now)
+        if ledger.has_released:  # a session's held call entered the queue (session_cap.py): it may start now
+            ledger.pump(now, out)
         if ledger.dirty and not defer_deadlines:
             flush_deadlines(ledger, now)
         return out
@@ -222,7 +224,7 @@ class Gateway:
             clock_mode=ledger.config.clock_mode.value,
             gate="open" if ledger.gate.mode is None else ledger.gate.mode.value,
             gate_closed_at=ledger.gate.closed_at,
-            queue_depth=len(ledger.queue),
+            queue_depth=len(ledger.queue) + ledger.session_cap.held,
             in_flight={e.engine_id: e.in_flight for e in ledger.engines.values()},
             engine_states={e.engine_id: e.state.value for e in ledger.engines.values()},
             live_requests=len(ledger.requests),

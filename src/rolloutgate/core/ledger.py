@@ -52,6 +52,7 @@ from rolloutgate.core.liveness import prefill_allowance_s
 from rolloutgate.core.placement import make_policy
 from rolloutgate.core.records import FRONT_TIER, NO_ENGINES, EngineRecord, RequestRecord
 from rolloutgate.core.request_state import RequestState
+from rolloutgate.core.session_cap import SessionCap
 from rolloutgate.core.session_table import SessionTable
 from rolloutgate.core.timer_heap import TimerHeap
 from rolloutgate.core.timing import TimingBreakdown
@@ -96,6 +97,8 @@ class Ledger:
         self.gate = Gate()
         self.weights = WeightVersions(config.max_staleness)
         self.sessions = SessionTable(config.max_sessions, config.session_idle_s)
+        self.session_cap = SessionCap(config.session_max_in_flight)
+        self.has_released = False  # a held call entered the queue: the edge of the event pumps (gateway.py)
         self.groups = GroupTable()  # live groups (group_table.py); placed through the session table
         placement = config.placement if self.is_engine_mode else "least_outstanding"
         self.dispatcher = Dispatcher(
@@ -122,6 +125,7 @@ class Ledger:
 
         While failing fast for lack of any healthy engine, whatever is (re-)queued fails instead.
         """
+        self.has_released = False
         if not self.queue:
             return
         if self.healthy == 0 and self.is_failing_fast(now):
@@ -178,7 +182,8 @@ class Ledger:
     def enqueue(self, r: RequestRecord, now: float) -> None:
         r.move_to(RequestState.QUEUED)
         r.clock.start_queued(self.pool, now)
-        self.queue.push(r.request_id, r.sort_key)
+        if not self.session_cap.is_held(r.request_id):  # a held call waits outside the queue (session_cap.py)
+            self.queue.push(r.request_id, r.sort_key)
         if r.limits.queue_timeout_s != math.inf:
             self.queue_timers.set(r.request_id, r.clock.queue_v(r.limits.queue_timeout_s))
             self.reschedule_queue(now)
@@ -359,6 +364,9 @@ class Ledger:
     def free(self, r: RequestRecord) -> None:
         rid = r.request_id
         del self.requests[rid]
+        if (successor := self.session_cap.leave(r.routing_key, rid)) is not None:  # held: takes its place
+            self.queue.push(successor, self.requests[successor].sort_key)
+            self.has_released = True
         self.drop_queue_timer(rid)
         timers = self.timers
         for kind in (TimerKind.WALL, TimerKind.WALLCLOCK, TimerKind.GRACE):

@@ -85,14 +85,15 @@ def on_arrived(ledger: Ledger, ev: RequestArrived, now: float) -> list[Command]:
         ledger.reject(
             r, FailReason.NO_ENGINE, now, out, ledger.config.no_engine_retry_after_s, "unknown engine"
         )
-    elif len(ledger.queue) >= ledger.config.max_queue:
+    elif len(ledger.queue) + ledger.session_cap.held >= ledger.config.max_queue:
         ledger.reject(r, FailReason.QUEUE_FULL, now, out, ledger.config.retry_after_s, "queue full")
     else:
         ledger.requests[r.request_id] = r
         if r.group is not None:
             ledger.groups.join(r.group, r.request_id, now)
         ledger.sessions.expire(now)  # sessions idle too long no longer count where they were bound
-        engine = _direct_engine(ledger, r)
+        is_admitted = ledger.session_cap.admit(r.routing_key, r.request_id)  # else held (session_cap.py)
+        engine = _direct_engine(ledger, r) if is_admitted else None
         if engine is None:
             ledger.enqueue(r, now)
         else:

@@ -57,6 +57,7 @@ class GatewayView:
     requests: Mapping[str, RequestRecord]  # live request id -> its record (queued or dispatched)
     engines: Mapping[str, EngineRecord]  # engine id -> its record, in join order
     queue: QueueView
+    held: frozenset[str]  # queued calls held over their session's cap, outside the queue (session_cap.py)
     timers: Mapping[tuple[TimerKind, str], float]  # each real-time timer set -> when it is due (ledger.py)
     is_gate_closed: bool
     dispatcher: str  # the dispatcher's repr: its placement policy and how many wait
@@ -70,6 +71,7 @@ def view_of(ledger: Ledger) -> GatewayView:
     return GatewayView(
         requests=MappingProxyType(dict(ledger.requests)),
         engines=MappingProxyType(dict(ledger.engines)),
+        held=ledger.session_cap.held_ids(),
         queue=QueueView(
             ids=tuple(queue.ids_in_order()),
             lanes=MappingProxyType({lane: ids for lane, ids in in_lanes.items() if ids}),

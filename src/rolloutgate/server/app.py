@@ -107,6 +107,9 @@ def core_config(settings: GatewaySettings) -> GatewayCoreConfig:
         contention_min_prefill_tokens=settings.contention_min_prefill_tokens,
         affinity_max_excess=settings.affinity_max_excess,
         session_idle_s=math.inf if settings.session_binding_idle is None else settings.session_binding_idle,
+        session_max_in_flight=(
+            math.inf if settings.session_max_in_flight is None else settings.session_max_in_flight
+        ),
         placement=settings.placement,
         engine_cache_tokens=(
             math.inf if settings.engine_cache_tokens is None else settings.engine_cache_tokens
