@@ -116,7 +116,7 @@ class GatewaySettings(BaseSettings):
         description="in flight above the least loaded engine before a session moves",
     )
     session_binding_idle: float | None = Field(
-        default=1800.0,
+        default=_CORE.session_idle_s,
         gt=0,
         description="seconds a session's engine binding outlives its last call (none = until evicted, DELETE or "
         "/finish_session releases it)",

@@ -59,7 +59,7 @@ class GatewayCoreConfig:
     )
     max_sessions: int = 100_000  # sessions remembered for affinity (LRU)
     # a session's binding is released after this long with nothing of it in flight (session_table.py `expire`)
-    session_idle_s: float = math.inf
+    session_idle_s: float = 1800.0
     # a session's calls admitted at once (queued or running); those over it wait in order (session_cap.py)
     session_max_in_flight: float = math.inf
     # cache_warm placement: each engine's prefix-cache room for the histories of the sessions bound to it, in
