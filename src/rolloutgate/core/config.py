@@ -20,8 +20,22 @@ from rolloutgate.core.weights import ON_STALE, OnStale
 
 __all__ = ("PLACEMENTS", "GatewayCoreConfig", "Placement")
 
-Placement = Literal["session_affinity", "least_outstanding", "prefill_aware", "cache_warm"]
-PLACEMENTS: tuple[Placement, ...] = ("session_affinity", "least_outstanding", "prefill_aware", "cache_warm")
+Placement = Literal[
+    "session_affinity",
+    "least_outstanding",
+    "prefill_aware",
+    "cache_warm",
+    "consistent_hash",
+    "sticky_least_loaded",
+]
+PLACEMENTS: tuple[Placement, ...] = (
+    "session_affinity",
+    "least_outstanding",
+    "prefill_aware",
+    "cache_warm",
+    "consistent_hash",
+    "sticky_least_loaded",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

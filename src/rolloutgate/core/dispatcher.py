@@ -86,6 +86,7 @@ class Dispatcher:
             affine_cached_tokens=cached,
             avoid_engines=r.avoid_engines,
             is_new_session=sessions.is_new_session(r.routing_key),
+            routing_key=r.routing_key,
         )
 
     def place_arrival(self, r: RequestRecord, schedulable: Sequence[EngineRecord]) -> EngineRecord | None:

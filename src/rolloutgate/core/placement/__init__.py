@@ -10,18 +10,22 @@ import math
 
 from rolloutgate.core.placement.base import EngineView, PlacementPolicy, PlacementRequest
 from rolloutgate.core.placement.cache_warm import CacheWarm
+from rolloutgate.core.placement.consistent_hash import ConsistentHash
 from rolloutgate.core.placement.least_outstanding import LeastOutstanding
 from rolloutgate.core.placement.prefill_aware import PrefillAware
 from rolloutgate.core.placement.session_affinity import SessionAffinity, is_within_bound
+from rolloutgate.core.placement.sticky_least_loaded import StickyLeastLoaded
 
 __all__ = (
     "CacheWarm",
+    "ConsistentHash",
     "EngineView",
     "LeastOutstanding",
     "PlacementPolicy",
     "PlacementRequest",
     "PrefillAware",
     "SessionAffinity",
+    "StickyLeastLoaded",
     "is_within_bound",
     "make_policy",
 )
@@ -38,4 +42,8 @@ def make_policy(name: str, *, max_excess: int = 8, cache_tokens: float = math.in
         return PrefillAware(max_excess)
     if name == CacheWarm.name:
         return CacheWarm(max_excess, cache_tokens)
+    if name == ConsistentHash.name:
+        return ConsistentHash()
+    if name == StickyLeastLoaded.name:
+        return StickyLeastLoaded(max_excess)
     raise ValueError(f"unknown placement policy {name!r}")

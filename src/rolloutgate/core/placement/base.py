@@ -3,9 +3,9 @@
 Theory of operation: a policy is a pure function of the request and a read-only view of the schedulable engines
 (healthy and not paused; the gateway filters). `choose` returns the engine the request should run on, or None:
 nothing suitable can take it now. An engine that can admit the request now (a free slot and room in its
-prefill budget, `EngineView.can_admit`) gets it at once; an engine with a free slot whose prefill budget must
-drain first (only prefill_aware returns one) gets it as soon as the budget allows: the gateway parks it in that
-engine's lane. On None the gateway parks the request on its pinned engine, on its affine engine when the policy
+prefill budget, `EngineView.can_admit`) gets it at once; an engine that cannot admit it now (prefill_aware: its
+budget must drain first; consistent_hash: the key's engine, full) gets it as soon as it can: the gateway parks
+it in that engine's lane. On None the gateway parks the request on its pinned engine, on its affine engine when the policy
 is affinity-aware and that engine is schedulable, or else it stays at the head of the shared lane (see
 dispatcher.py).
 
@@ -37,6 +37,7 @@ class PlacementRequest:
     affine_cached_tokens: int = 0
     avoid_engines: frozenset[str] = frozenset()
     is_new_session: bool = False  # it has a routing key the session table does not know (cache_warm.py)
+    routing_key: str | None = None  # its session's key (consistent_hash.py hashes it)
 
     def uncached_on(self, engine_id: str) -> int:
         """Prompt tokens `engine_id` would have to prefill."""

@@ -38,7 +38,24 @@ from typing import ClassVar
 from rolloutgate.core.placement.base import EngineView, PlacementRequest, choose_pinned, eligible
 from rolloutgate.core.placement.prefill_aware import PrefillAware
 
-__all__ = ("CacheWarm",)
+__all__ = ("CacheWarm", "fewest_sessions")
+
+
+def fewest_sessions(
+    request: PlacementRequest, engines: Sequence[EngineView], cache_tokens: float = math.inf
+) -> str | None:
+    """A new session's engine (module docstring): with a free slot, its history fitting, the fewest sessions
+    bound, then the least loaded; None when no eligible engine has a free slot."""
+    best: EngineView | None = None
+    best_key: tuple[bool, int, int, int, int] | None = None
+    for engine in eligible(request, engines):
+        if not engine.has_room():
+            continue
+        is_full = engine.session_tokens + request.prompt_tokens > cache_tokens
+        key = (is_full, engine.active_sessions, engine.in_flight, engine.outstanding_tokens, engine.order)
+        if best_key is None or key < best_key:
+            best, best_key = engine, key
+    return None if best is None else best.engine_id
 
 
 class CacheWarm:
@@ -57,16 +74,7 @@ class CacheWarm:
             return choose_pinned(request, engines)
         if not request.is_new_session or request.affine_engine is not None:
             return self._known.choose(request, engines)
-        best: EngineView | None = None
-        best_key: tuple[bool, int, int, int, int] | None = None
-        for engine in eligible(request, engines):
-            if not engine.has_room():
-                continue
-            is_full = engine.session_tokens + request.prompt_tokens > self.cache_tokens
-            key = (is_full, engine.active_sessions, engine.in_flight, engine.outstanding_tokens, engine.order)
-            if best_key is None or key < best_key:
-                best, best_key = engine, key
-        return None if best is None else best.engine_id
+        return fewest_sessions(request, engines, self.cache_tokens)
 
     def __repr__(self) -> str:
         return f"<CacheWarm max_excess={self._known.max_excess} cache_tokens={self.cache_tokens:g}>"
