@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from rolloutgate.core.events import ClockMode
 from rolloutgate.core.weights import ON_STALE, OnStale
@@ -28,14 +28,7 @@ Placement = Literal[
     "consistent_hash",
     "sticky_least_loaded",
 ]
-PLACEMENTS: tuple[Placement, ...] = (
-    "session_affinity",
-    "least_outstanding",
-    "prefill_aware",
-    "cache_warm",
-    "consistent_hash",
-    "sticky_least_loaded",
-)
+PLACEMENTS: tuple[Placement, ...] = get_args(Placement)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
