@@ -54,6 +54,18 @@ async def test_an_engine_failing_its_update_on_one_replica_is_taken_out_of_the_f
     assert await served_versions(fleet, 3) == {"7"}
 
 
+async def test_an_update_no_engine_of_the_fleet_took_takes_nothing_out(fleet: LocalFleet) -> None:
+    """Every engine refuses the update (the simulator's update_fails): all still hold the same weights, so
+    nothing is excluded and the fleet keeps every engine and serves on."""
+    for url in fleet.cluster.urls:
+        assert (await fleet.http.post(f"{url}/sim/faults", json={"fault": "update_fails"})).status_code == 200
+    members = set(fleet.controller.latest.engines)
+    answer = await fleet.http.post(f"{fleet.replicas[1].url}/admin/update_weights", json=UPDATE)
+    assert answer.status_code == 502, answer.text
+    assert (answer.json()["excluded"], answer.json()["rolled_back"]) == ([], [])
+    assert set(fleet.controller.latest.engines) == members
+    assert await served_versions(fleet, 2) == {"default"}
+
 async def test_rollback_puts_every_replicas_engines_back_when_one_engine_elsewhere_failed(
     fleet: LocalFleet,
 ) -> None:

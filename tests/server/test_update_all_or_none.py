@@ -115,3 +115,22 @@ async def test_an_all_or_none_update_that_cannot_be_done_is_refused_before_anyth
     refused = await http.post(f"{gateway.url}/admin/update_weights", json=body)
     assert refused.status_code == 400, refused.text
     assert cluster.engines[0].weight_version == "default" and not cluster.engines[0].paused
+
+
+@pytest.mark.parametrize("on_failure", ["exclude", "rollback"])
+async def test_an_update_every_engine_refused_takes_nothing_out_and_the_pool_serves_on(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient, on_failure: str
+) -> None:
+    """A body every engine refuses (the trainer's mistake) leaves them all on the same weights: nothing is
+    mixed, so nothing is taken out or rolled back (taking them out emptied the pool: tests/reliability)."""
+    cluster = await make_cluster(engines=2)
+    gateway = await make_gateway(cluster)
+    for url in cluster.urls:  # every engine refuses the update (the simulator's update_fails fault)
+        assert (await http.post(f"{url}/sim/faults", json={"fault": "update_fails"})).status_code == 200
+    body = {**UPDATE, "on_failure": on_failure, "rollback_body": {"model_path": "/ckpt/6"}}
+    report = (await http.post(f"{gateway.url}/admin/update_weights", json=body)).json()
+    assert not report["ok"] and not any(e["ok"] for e in report["engines"]), report
+    assert (report["excluded"], report["rolled_back"]) == ([], [])
+    workers = (await http.get(f"{gateway.url}/workers")).json()["workers"]
+    assert [w["id"] for w in workers] == ["engine-0", "engine-1"]
+    assert set(await served(http, gateway.url, 4)) == {"default"}

@@ -296,7 +296,11 @@ class FleetController:
         failed = [engine for res in began.values() for engine in res.answer.json["failed"]]
         unreached = missing_engines(view, begun)
         failed_anywhere = len(began) < len(begun) or bool(failed) or bool(unreached)
-        verdict = {"failed_elsewhere": failed_anywhere}
+        # an update no engine took leaves every engine on the same weights: nothing to exclude or roll back
+        updated_anywhere = any(
+            len(res.answer.engines) > len(res.answer.json["failed"]) for res in began.values()
+        )
+        verdict = {"failed_elsewhere": failed_anywhere, "updated_elsewhere": updated_anywhere}
         finished = await self._on_replicas(view, began, UPDATE_FINISH, verdict, query)
         answer = compose(operation, view, {**begun, **finished}, body)
         excluded: list[str] = []

@@ -213,13 +213,17 @@ async def begin_update(app: web.Application, plan: UpdatePlan) -> PendingUpdate:
 
 
 async def finish_update(
-    app: web.Application, pending: PendingUpdate, *, failed_elsewhere: bool = False
+    app: web.Application,
+    pending: PendingUpdate,
+    *,
+    failed_elsewhere: bool = False,
+    updated_elsewhere: bool = False,
 ) -> Answer:
     """Settle the failures (all or none), continue the engines, open the gate; the update's report."""
     ctx = app[CONTEXT]
     plan = pending.plan
     try:
-        settled = await _settle_failures(ctx, pending, failed_elsewhere)
+        settled = await _settle_failures(ctx, pending, failed_elsewhere, updated_elsewhere)
         await resume_engines([e for e in pending.engines if e.engine_id in ctx.pool.engines], plan.mode)
         if not settled["rolled_back"]:
             _count_update(ctx, pending.results)
@@ -257,12 +261,14 @@ def _report(
 
 
 async def _settle_failures(
-    ctx: GatewayContext, pending: PendingUpdate, failed_elsewhere: bool
+    ctx: GatewayContext, pending: PendingUpdate, failed_elsewhere: bool, updated_elsewhere: bool
 ) -> dict[str, list[str]]:
-    """All or none (module docstring): the engines taken out, and those rolled back, for the report."""
+    """All or none (module docstring): the engines taken out, and those rolled back, for the report. An update
+    no engine took (a body every engine refused) left them all on the same weights: nothing to settle."""
     plan, engines = pending.plan, pending.engines
     failed = [e for e, r in zip(engines, pending.results, strict=True) if not r["ok"]]
-    if plan.on_failure == "keep" or not (failed or failed_elsewhere):
+    took_it = len(failed) < len(engines) or updated_elsewhere
+    if plan.on_failure == "keep" or not (failed or failed_elsewhere) or not took_it:
         return {"excluded": [], "rolled_back": []}
     rolled_back: list[str] = []
     if plan.on_failure == "rollback" and plan.rollback_body is not None:
@@ -342,8 +348,8 @@ async def begin_fleet_part(app: web.Application, body: dict[str, Any]) -> Answer
 
 
 async def finish_fleet_part(app: web.Application, body: dict[str, Any]) -> Answer:
-    """This replica's second step: settle knowing whether an engine of another replica failed
-    (`{"failed_elsewhere": bool}`), continue, open; its report."""
+    """This replica's second step: settle knowing whether an engine of another replica failed, and whether one
+    took the update (`{"failed_elsewhere": bool, "updated_elsewhere": bool}`), continue, open; its report."""
     slot = app[UPDATE_SLOT]
     pending, slot.pending = slot.pending, None
     if pending is None:
@@ -352,7 +358,12 @@ async def finish_fleet_part(app: web.Application, body: dict[str, Any]) -> Answe
         )
     if pending.expiry is not None:
         pending.expiry.cancel()
-    return await finish_update(app, pending, failed_elsewhere=bool(body.get("failed_elsewhere", True)))
+    return await finish_update(
+        app,
+        pending,
+        failed_elsewhere=bool(body.get("failed_elsewhere", True)),
+        updated_elsewhere=bool(body.get("updated_elsewhere", True)),  # not told: perhaps, so settle
+    )
 
 
 async def _finish_unless_told(app: web.Application, pending: PendingUpdate) -> None:
@@ -368,7 +379,7 @@ async def _finish_unless_told(app: web.Application, pending: PendingUpdate) -> N
         pending.plan.on_failure,
     )
     try:
-        await finish_update(app, pending, failed_elsewhere=True)
+        await finish_update(app, pending, failed_elsewhere=True, updated_elsewhere=True)
     except Exception:
         log.exception("finishing the weight update nobody confirmed failed")
 
