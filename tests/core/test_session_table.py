@@ -81,7 +81,7 @@ def test_a_session_idle_past_the_bound_is_released_and_one_in_use_never_is() -> 
     table = SessionTable(max_entries=10, idle_s=100.0)
     table.record("a", "e1", 5000, now=0.0)
     table.record("b", "e1", 7000, now=10.0)
-    table.started("b", now=10.0)  # b's call runs from t=10 for as long as it takes
+    table.started("b")  # b's call runs from t=10 for as long as it takes
     table.record("c", "e2", 9000, now=50.0)
     assert table.expire(100.0) == 0  # a idle exactly 100 s: not over the bound
     assert table.expire(100.5) == 1 and table.get("a") is None
@@ -98,8 +98,8 @@ def test_a_session_idle_past_the_bound_is_released_and_one_in_use_never_is() -> 
 def test_calls_of_a_released_session_are_still_counted_until_they_end() -> None:
     table = SessionTable(max_entries=10, idle_s=100.0)
     table.record("s", "e1", 10, now=0.0)
-    table.started("s", now=0.0)
-    table.started("s", now=1.0)
+    table.started("s")
+    table.started("s")
     assert table.release("s") and table.in_flight("s") == 2
     table.ended("s", now=2.0)  # not bound any more: nothing to touch, the count still drops
     table.ended("s", now=3.0)

@@ -66,6 +66,7 @@ async def test_an_update_no_engine_of_the_fleet_took_takes_nothing_out(fleet: Lo
     assert set(fleet.controller.latest.engines) == members
     assert await served_versions(fleet, 2) == {"default"}
 
+
 async def test_rollback_puts_every_replicas_engines_back_when_one_engine_elsewhere_failed(
     fleet: LocalFleet,
 ) -> None:

@@ -163,7 +163,7 @@ class Ledger:
         r.started_version, r.is_stale_answering = self.weights.version, False
         r.avoid_engines = NO_ENGINES
         self.sessions.record(r.routing_key, engine.engine_id, r.prompt_tokens, r.group, now=now)
-        self.sessions.started(r.routing_key, now)
+        self.sessions.started(r.routing_key)
         if self.is_engine_mode:
             self.arm_request(r, engine)
             self.touch(engine)

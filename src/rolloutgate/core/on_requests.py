@@ -91,9 +91,8 @@ def on_arrived(ledger: Ledger, ev: RequestArrived, now: float) -> list[Command]:
         ledger.requests[r.request_id] = r
         if r.group is not None:
             ledger.groups.join(r.group, r.request_id, now)
-        ledger.sessions.expire(now)  # sessions idle too long no longer count where they were bound
         is_admitted = ledger.session_cap.admit(r.routing_key, r.request_id)  # else held (session_cap.py)
-        engine = _direct_engine(ledger, r) if is_admitted else None
+        engine = _direct_engine(ledger, r, now) if is_admitted else None
         if engine is None:
             ledger.enqueue(r, now)
         else:
@@ -109,12 +108,13 @@ def on_arrived(ledger: Ledger, ev: RequestArrived, now: float) -> list[Command]:
     return out
 
 
-def _direct_engine(ledger: Ledger, r: RequestRecord) -> EngineRecord | None:
+def _direct_engine(ledger: Ledger, r: RequestRecord, now: float) -> EngineRecord | None:
     """The engine a request arriving at an empty queue starts on at once (`Dispatcher.place_arrival`),
     else None: it is queued and the pump decides. Most arrivals find the queue empty; this skips the
     queue's bookkeeping and the general decision loop for them (the same decision, tested)."""
     if not ledger.config.direct_arrivals or ledger.queue or ledger.gate.is_closed or not ledger.schedulable:
         return None
+    ledger.sessions.expire(now)  # as the pump does before its decisions: idle sessions count nowhere
     return ledger.dispatcher.place_arrival(r, ledger.schedulable)
 
 

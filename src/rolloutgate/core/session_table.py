@@ -116,12 +116,11 @@ class SessionTable:
         self._drop(routing_key)
         return True
 
-    def started(self, routing_key: str | None, now: float) -> None:
-        """A call of the session was dispatched: it is in use until its calls end."""
+    def started(self, routing_key: str | None) -> None:
+        """A call of the session was dispatched (`record` marked it used): in use until its calls end."""
         if routing_key is None:
             return
         self._in_flight[routing_key] = self._in_flight.get(routing_key, 0) + 1
-        self._use(routing_key, now)
 
     def ended(self, routing_key: str | None, now: float) -> None:
         """A call of the session left its engine (finished, failed, or moved): its idle time counts from now."""
