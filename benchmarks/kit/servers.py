@@ -42,6 +42,7 @@ __all__ = (
     "pin_prefix",
     "repin",
     "rolloutgate_process",
+    "rolloutgate_subprocess",
     "set_log_dir",
     "start_gateway",
     "start_router",
@@ -281,6 +282,15 @@ def wait_http_ok(url: str, *, timeout_s: float, process: subprocess.Popen[str] |
 @contextmanager
 def rolloutgate_process(args: list[str], marker: str, count: int) -> Iterator[list[str]]:
     """A `rolloutgate` subprocess; yields the last word of its first `count` stdout lines starting `marker`."""
+    with rolloutgate_subprocess(args, marker, count) as (_proc, found):
+        yield found
+
+
+@contextmanager
+def rolloutgate_subprocess(
+    args: list[str], marker: str, count: int
+) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
+    """`rolloutgate_process` with the process itself (to kill it)."""
     proc = subprocess.Popen([sys.executable, "-m", "rolloutgate", *args], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -294,7 +304,7 @@ def rolloutgate_process(args: list[str], marker: str, count: int) -> Iterator[li
                 found.append(line.split()[-1])
         if len(found) < count:
             raise RuntimeError(f"rolloutgate {args[0]} did not start")
-        yield found
+        yield proc, found
     finally:
         proc.terminate()
         proc.wait(timeout=30)

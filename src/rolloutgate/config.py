@@ -156,6 +156,15 @@ class GatewaySettings(BaseSettings):
         description="seconds between load readings of an engine with calls whose answer comes whole "
         "(engine-level progress); default a twentieth of stall_timeout, at most 3",
     )
+    checkpoint_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="a non-streaming single-prompt /generate call's output comes from the engine every this "
+        "many tokens, so when its engine dies, hangs or is drained it continues on another from its last chunk "
+        "instead of starting over; each chunk repeats the output so far (SGLang's cumulative stream), so the "
+        "engine's output work grows with the length squared over this (docs/gateway.md). 0 = first token and "
+        "end only: what a direct call costs, and such a call starts over",
+    )
 
     keepalive_interval: float = Field(
         default=15.0, ge=0, description="seconds of client silence before a keep-alive byte (0 = off)"

@@ -4,7 +4,13 @@ pinned requests, and re-dispatch after refused connections or a departed engine.
 from __future__ import annotations
 
 from rolloutgate.core.commands import Abort, AbortReason, Complete, Dispatch, Fail, FailReason, MarkEngine
-from rolloutgate.core.events import EngineHealthChecked, EngineJoined, EngineLeft, UpstreamFailed
+from rolloutgate.core.events import (
+    EngineHealthChecked,
+    EngineJoined,
+    EngineLeft,
+    UpstreamFailed,
+    WeightsUpdated,
+)
 from tests.core.helpers import Harness, of, reference
 
 
@@ -199,6 +205,23 @@ def test_redispatch_after_visible_output_carries_delivered_tokens() -> None:
     h.send(UpstreamFailed(request_id="n", reason="reset"))
     by_id = {d.request_id: d for d in h.commands(Dispatch) if d.attempt == 2}
     assert by_id["s"].delivered_tokens == 7 and by_id["n"].delivered_tokens == 0
+
+
+def test_a_continuable_call_keeps_its_output_after_a_failure_and_starts_afresh_on_new_weights() -> None:
+    """A call the edge can continue (a whole-answer /generate, server/continuation.py) goes on from its output
+    when its engine fails; a stale one starts over: what it made is on old weights."""
+    h = Harness(reference(max_staleness=0))
+    h.engines(e1=1, e2=1)
+    h.arrive("c", continuable=True)
+    for _ in range(5):
+        h.progress("c")
+    h.send(UpstreamFailed(request_id="c", reason="reset"))
+    [moved] = [d for d in h.commands(Dispatch) if d.attempt == 2]
+    assert moved.delivered_tokens == 5
+    h.progress("c")
+    h.send(WeightsUpdated())  # stale: aborted and queued again, from scratch
+    [afresh] = [d for d in h.commands(Dispatch) if d.attempt == 3]
+    assert afresh.delivered_tokens == 0
 
 
 def test_engine_left_moves_its_work_and_fails_its_pinned_requests() -> None:

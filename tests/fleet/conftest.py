@@ -11,7 +11,9 @@ import pytest
 from tests.fleet.local_fleet import LocalFleet, local_fleet
 
 collect_ignore = (
-    [] if importlib.util.find_spec("ray") else ["on_ray.py", "test_on_ray.py", "test_replica_death.py"]
+    []
+    if importlib.util.find_spec("ray")
+    else ["on_ray.py", "test_on_ray.py", "test_replica_death.py", "test_migration_on_ray.py"]
 )
 
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import httpx
 import ray
 
 from benchmarks.fleet.hop_cost import rolloutgate_process
+from benchmarks.kit.servers import rolloutgate_subprocess
 from rolloutgate.config import GatewaySettings
 from rolloutgate.fleet import Fleet, start_fleet
 
@@ -20,6 +22,17 @@ def simulated_engines(count: int, time_scale: float) -> Iterator[list[str]]:
     args = ["sim", "--engines", str(count), "--base-port", "0", "--time-scale", str(time_scale)]
     with rolloutgate_process(args, "engine ", count) as urls:
         yield urls
+
+
+@contextmanager
+def simulated_engine_processes(
+    count: int, time_scale: float
+) -> Iterator[list[tuple[subprocess.Popen[str], str]]]:
+    """`count` simulated SGLang engines, each in a subprocess of its own (one can be SIGKILLed alone)."""
+    args = ["sim", "--engines", "1", "--base-port", "0", "--time-scale", str(time_scale)]
+    with ExitStack() as stack:
+        started = [stack.enter_context(rolloutgate_subprocess(args, "engine ", 1)) for _ in range(count)]
+        yield [(proc, url) for proc, (url,) in started]
 
 
 @contextmanager

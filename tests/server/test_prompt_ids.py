@@ -18,7 +18,7 @@ from rolloutgate.config import GatewaySettings
 from rolloutgate.engines.base import Route
 from rolloutgate.engines.upstream import UpstreamPool
 from rolloutgate.errors import BadRequest
-from rolloutgate.server.continuation import continuation_body
+from rolloutgate.server.continuation import answer_of_stream, continuation_body
 from rolloutgate.server.prompt_ids import FIELD_WISE_FROM, compact_json, flat_id_count, token_ids_of
 from rolloutgate.server.validate import estimate_prompt_tokens, parse_inference_body, validate_body
 from tests.server.conftest import MakeCluster, MakeGateway
@@ -159,7 +159,7 @@ def test_a_kept_generate_prompt_is_continued_with_its_ids_and_the_output_so_far(
     assert isinstance(body["input_ids"], orjson.Fragment)
     kept = orjson.dumps(body)
     history = [generate_chunk("ab", [7, 8]), generate_chunk("abc", [7, 8, 9])]
-    new, stitcher = continuation_body(Route.GENERATE, body, history, 3)
+    new, stitcher = continuation_body(Route.GENERATE, body, answer_of_stream(Route.GENERATE, history), 3)
     assert token_ids_of(new["input_ids"]) == [*ids, 7, 8, 9]
     assert orjson.loads(orjson.dumps(new))["input_ids"] == [*ids, 7, 8, 9]
     assert new["sampling_params"] == {"max_new_tokens": 7, "temperature": 0}

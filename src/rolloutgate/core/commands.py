@@ -65,8 +65,9 @@ class FailReason(enum.Enum):
 class Dispatch:
     """Send the request to `engine_id` now; the engine has a free slot, so it starts at once.
 
-    `attempt` counts from 1. `delivered_tokens` > 0 means a streaming client has already seen that many tokens
-    of an earlier attempt: the edge continues from them where the engine API allows, or fails the request.
+    `attempt` counts from 1. `delivered_tokens` > 0 means earlier attempts made that many tokens the request
+    keeps (a streaming client has seen them, or a `continuable` call lost its engine): the edge continues from
+    them where the engine API allows; else a streaming client fails, and a call answered whole starts over.
     """
 
     request_id: str

@@ -97,6 +97,9 @@ class RequestArrived:
     priority: int = 0  # lower runs first; FIFO within a priority
     prompt_tokens: int = 0  # estimated prompt length, for placement and prefill budgets
     streaming: bool = False  # the client reads a stream: once it has seen output, that output is visible
+    # the edge can go on from the output a failed attempt made (server/continuation.py): a new attempt after an
+    # engine's failure continues instead of starting over (not one for new weights: that starts afresh)
+    continuable: bool = False
     pinned_engine: str | None = None  # dispatch only to this engine (e.g. a proxied engine-specific call)
     group: str | None = None  # the n samples of one prompt share it: placed together (group_table.py)
     # the most weight versions its engine may be behind the newest (EngineVersionLag); None: any weights.

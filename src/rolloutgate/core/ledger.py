@@ -188,10 +188,12 @@ class Ledger:
             self.queue_timers.set(r.request_id, r.clock.queue_v(r.limits.queue_timeout_s))
             self.reschedule_queue(now)
 
-    def requeue(self, r: RequestRecord, now: float) -> None:
-        """Put a request that was running back at the front of the queue (it keeps its original order)."""
+    def requeue(self, r: RequestRecord, now: float, *, afresh: bool = False) -> None:
+        """Put a request that was running back at the front of the queue (it keeps its original order). Its
+        output is kept where its client has seen it, or where the edge can continue it and the new attempt
+        is not `afresh` (meant for new weights: a stale generation, a pause that aborts for an update)."""
         r.tier = FRONT_TIER
-        r.delivered_tokens = r.tokens if r.streaming else 0
+        r.delivered_tokens = r.tokens if r.streaming or (r.continuable and not afresh) else 0
         r.tokens = r.delivered_tokens
         self.enqueue(r, now)
 

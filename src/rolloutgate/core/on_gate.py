@@ -36,7 +36,7 @@ def on_gate_closed(ledger: Ledger, ev: GateClosed, now: float) -> list[Command]:
         for r in sorted(in_flight, key=lambda r: r.sort_key):
             ledger.abort(r, AbortReason.REQUEUE, out)
             ledger.detach(r, now)
-            ledger.requeue(r, now)
+            ledger.requeue(r, now, afresh=True)
     return out
 
 
@@ -70,7 +70,7 @@ def on_weights_updated(ledger: Ledger, ev: WeightsUpdated, now: float) -> list[C
         else:
             ledger.abort(r, AbortReason.STALE, out)
             ledger.detach(r, now, forgive=True)
-            ledger.requeue(r, now)
+            ledger.requeue(r, now, afresh=True)
             weights.stale_requeued += 1
     ledger.pump(now, out)
     return out

@@ -48,6 +48,7 @@ class RequestRecord:
         "attempt",
         "avoid_engines",
         "clock",
+        "continuable",
         "delivered_tokens",
         "engine",
         "fault_attempts",
@@ -84,6 +85,7 @@ class RequestRecord:
         self.priority = event.priority
         self.prompt_tokens = event.prompt_tokens
         self.streaming = event.streaming
+        self.continuable = event.continuable
         self.pinned_engine = event.pinned_engine
         self.max_version_lag = event.max_version_lag
         self.group = event.group

@@ -108,6 +108,9 @@ class UpstreamCall:
     route: Route
     body: dict[str, Any]  # the client's validated JSON body; the adapter copies before rewriting
     headers: dict[str, str] = field(default_factory=dict)  # client headers to pass on (routing keys)
+    # a call answered whole streams its output this often (tokens), so a new attempt can continue from it
+    # (server/continuation.py); 0: only the first token and the end
+    checkpoint_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,7 +7,8 @@ Theory of operation (facts from reference/engines.md, section A):
   `meta_info.completion_tokens` deltas (engines/progress.py). A streaming client gets the chunks it asked
   for; for any other client the gateway asks for `stream_interval` FIRST_AND_LAST, so the engine sends the
   first token (the prefill is over) and the end (the whole answer), and engine-level load stands in for
-  progress in between (server/engine_watch.py).
+  progress in between (server/engine_watch.py). With `--checkpoint-tokens N` it asks for N instead: the output
+  so far every N tokens, what a new attempt continues from (server/continuation.py), at a price in bytes.
 - Chat and completions stream (with `rid` and `stream_options.include_usage`) only when the client streams:
   OpenAI chunks carry ~200 bytes of envelope per token, so a non-streaming client's call is sent as it came
   and answered as one whole body, watched at engine level. SGLang refuses to stream a chat request with
@@ -366,28 +367,31 @@ def generate_body(call: UpstreamCall, first_and_last: bool = True) -> dict[str, 
     """The `/generate` body: the client's, with the gateway's `rid`, streaming, and the chunk cadence.
 
     A streaming client keeps its own `stream_interval` (it reads every chunk). For a client that does not
-    stream, the engine sends two chunks (FIRST_AND_LAST): progress costs it nothing beyond one small chunk;
-    not for an engine that reports no load (`first_and_last` False): its chunks are the only progress.
+    stream, the engine sends the first token, then the output so far every `call.checkpoint_tokens` tokens
+    (what a new attempt continues from when the engine dies, server/continuation.py), and the end; with no
+    checkpoints two chunks (FIRST_AND_LAST): progress costs it nothing beyond one small chunk. Not for an
+    engine that reports no load (`first_and_last` False): its chunks are the only progress.
     """
     body = dict(call.body)
     client_streams = bool(body.get("stream"))
     body["rid"] = call.request_id
     body["stream"] = True
     if not client_streams and first_and_last:
+        interval = call.checkpoint_tokens or FIRST_AND_LAST
         params = body.get("sampling_params")
         if isinstance(params, list):
-            body["sampling_params"] = [_first_and_last(p) for p in params]
+            body["sampling_params"] = [_with_interval(p, interval) for p in params]
         else:
-            body["sampling_params"] = _first_and_last(params)
+            body["sampling_params"] = _with_interval(params, interval)
     return body
 
 
-def _first_and_last(params: Any) -> Any:
+def _with_interval(params: Any, interval: int) -> Any:
     if params is None:
-        return {"stream_interval": FIRST_AND_LAST}
+        return {"stream_interval": interval}
     if not isinstance(params, dict):
         return params  # not ours to fix: the engine answers 400
-    return {**params, "stream_interval": FIRST_AND_LAST}
+    return {**params, "stream_interval": interval}
 
 
 def decode_tokens(text: str) -> float | None:

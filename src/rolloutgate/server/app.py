@@ -156,6 +156,7 @@ def build_app(settings: GatewaySettings) -> web.Application:
         metrics,
         abort_upstream=settings.clock == "engine",
         engine_poll_s=clock.real_seconds(engine_poll_interval(settings)),
+        checkpoint_tokens=settings.checkpoint_tokens,
     )
     driver.on_end.append(_log_request)
     driver.on_end.append(partial(observe_cache_hits, metrics))

@@ -1,21 +1,28 @@
-"""Continuing a stream the client already read part of, on a new attempt (gate abort mode, hung engine).
+"""Continuing a generation on a new attempt from the tokens it already has (hung, dead or drained engine).
 
-Theory of operation: a streaming client that has seen k tokens of an attempt cannot be given a fresh answer.
-Where the engine API allows it, the next attempt asks for the rest instead: the prompt plus the partial output,
-and the remaining token budget. What the client then reads is the earlier part followed by the new part:
+Theory of operation: an attempt that ends early has output the gateway already holds: a streaming client has
+read part of it, and a non-streaming `/generate` call's chunks carry it too (the engine sends the output so
+far every `--checkpoint-tokens` tokens, engines/sglang.py). Where the engine API allows it, the next attempt
+asks for the rest instead of starting over: the prompt plus the partial output, and the remaining token
+budget. What the client then reads is the earlier part followed by the new part:
 
-- chat (`/v1/chat/completions`): the partial answer becomes a final assistant message with
-  `continue_final_message: true` and `add_generation_prompt: false` (vLLM; SGLang ignores unknown fields and
-  renders it as a turn, which is the closest it offers). Deltas simply go on. The usage frame counts the new
-  attempt's tokens only.
-- completions: prompt + partial text (string prompts only).
-- SGLang `/generate`: input_ids + partial output_ids (or text + partial text). Its stream is cumulative, so
-  each chunk of the new attempt is rewritten to carry the earlier output first (`GenerateStitcher`).
+- chat (`/v1/chat/completions`, streaming clients only): the partial answer becomes a final assistant message
+  with `continue_final_message: true` and `add_generation_prompt: false` (vLLM; SGLang ignores unknown fields
+  and renders it as a turn, which is the closest it offers). Deltas simply go on. The usage frame counts the
+  new attempt's tokens only.
+- completions (streaming clients only): prompt + partial text (string prompts only).
+- SGLang `/generate` (streaming or not): input_ids + partial output_ids (or text + partial text). Its answer
+  and stream are cumulative, so each chunk of the new attempt is rewritten to carry the earlier output first
+  (`GenerateStitcher`): ids, text, every `meta_info.output_*` list (the logprobs), the completion count, the
+  original prompt's figures (`prompt_tokens`, `cached_tokens`, `input_*` logprobs) and the weight version
+  of each span of the output (`weight_versions`, as SGLang reports an output that crossed an update).
 
 Guarantee: the client never reads a token twice and never gets a second, unrelated answer; the continuation
-is a new generation conditioned on the text already sent (exact under greedy decoding, a valid sample
-otherwise). Requests with more than one choice, or prompts given as token lists to completions, are not
-continued: they fail with a clear error.
+is a new generation conditioned on the output already made (exact under greedy decoding, a valid sample
+otherwise), and the engines generate each token once, but for what a dead engine made after its last chunk.
+Requests with more than one choice, batches, prompts given as token lists to completions, and `/generate`
+calls that ask for per-token payloads of the whole sequence (routed experts, hidden states) are not
+continued: a streaming client gets a clear error, a non-streaming one a fresh start (`can_continue_whole`).
 """
 
 from __future__ import annotations
@@ -29,11 +36,45 @@ from rolloutgate.engines.assemble import ResponseAssembler
 from rolloutgate.engines.base import Route, UpstreamEvent
 from rolloutgate.server.prompt_ids import compact_json, token_ids_of
 
-__all__ = ("CannotContinue", "GenerateStitcher", "continuation_body")
+__all__ = (
+    "CannotContinue",
+    "GenerateStitcher",
+    "answer_of_stream",
+    "can_continue_whole",
+    "continuation_body",
+)
+
+# per-token payloads that cover the whole sequence (prompt and output), which a stitch cannot join
+_WHOLE_SEQUENCE_FIELDS = ("return_routed_experts", "return_hidden_states", "return_indexer_topk")
+# the prompt's own figures: a continuation's prompt is the original plus the earlier output, so the earlier
+# answer's values are the ones that describe the client's prompt
+_PROMPT_FIGURES = ("prompt_tokens", "cached_tokens", "input_token_logprobs", "input_top_logprobs")
 
 
 class CannotContinue(Exception):
     pass
+
+
+def can_continue_whole(route: Route, body: dict[str, Any]) -> bool:
+    """Whether a call whose client does not stream can go on from its partial output on a new attempt: a
+    single `/generate` prompt (ids or text) sampled once, with nothing asked per token of the whole sequence."""
+    if route is not Route.GENERATE or any(body.get(name) for name in _WHOLE_SEQUENCE_FIELDS):
+        return False
+    params = body.get("sampling_params")
+    if params is not None and (not isinstance(params, dict) or params.get("n", 1) != 1):
+        return False
+    ids = token_ids_of(body.get("input_ids"))
+    if ids is not None:
+        return isinstance(ids, list) and all(isinstance(i, int) for i in ids[:1])
+    return isinstance(body.get("text"), str)
+
+
+def answer_of_stream(route: Route, history: list[bytes]) -> Any:
+    """The answer so far of the events a streaming client was sent."""
+    assembler = ResponseAssembler(route)
+    for data in history:
+        assembler.add(UpstreamEvent(data=data))
+    return orjson.loads(assembler.result())
 
 
 def _remaining(limit: Any, delivered: int) -> int | None:
@@ -43,13 +84,10 @@ def _remaining(limit: Any, delivered: int) -> int | None:
 
 
 def continuation_body(
-    route: Route, body: dict[str, Any], history: list[bytes], delivered_tokens: int
+    route: Route, body: dict[str, Any], answer: Any, delivered_tokens: int
 ) -> tuple[dict[str, Any], GenerateStitcher | None]:
-    """The body of the next attempt, and for /generate the stitcher for its chunks. Raises CannotContinue."""
-    assembler = ResponseAssembler(route)
-    for data in history:
-        assembler.add(UpstreamEvent(data=data))
-    answer = orjson.loads(assembler.result())
+    """The body of the next attempt, given the answer so far; for /generate the stitcher for its chunks.
+    Raises CannotContinue."""
     if route is Route.CHAT:
         text = answer["choices"][0]["message"].get("content") or ""
         new = {
@@ -82,20 +120,25 @@ def continuation_body(
         new["text"] = body["text"] + text
     else:
         raise CannotContinue("this /generate request cannot be continued")
+    tokens = len(ids) or delivered_tokens
     params = dict(body.get("sampling_params") or {})
     if "max_new_tokens" in params:
-        params["max_new_tokens"] = _remaining(params["max_new_tokens"], len(ids) or delivered_tokens)
+        params["max_new_tokens"] = _remaining(params["max_new_tokens"], tokens)
     new["sampling_params"] = params
-    return new, GenerateStitcher(ids=ids, text=text, tokens=len(ids) or delivered_tokens)
+    meta = answer.get("meta_info")
+    return new, GenerateStitcher(
+        ids=ids, text=text, tokens=tokens, meta=meta if isinstance(meta, dict) else {}
+    )
 
 
 @dataclass(slots=True)
 class GenerateStitcher:
-    """Rewrites a continued /generate stream's cumulative chunks to include what the client already has."""
+    """Rewrites a continued /generate attempt's chunks (cumulative) or answer to include the earlier output."""
 
     ids: list[int]
     text: str
     tokens: int
+    meta: dict[str, Any]  # the earlier answer's meta_info (itself stitched, after more than one continuation)
 
     def stitch(self, data: bytes) -> bytes:
         chunk = orjson.loads(data)
@@ -105,6 +148,51 @@ class GenerateStitcher:
         if "output_ids" in chunk:
             chunk["output_ids"] = [*self.ids, *(chunk.get("output_ids") or [])]
         meta = chunk.get("meta_info")
-        if isinstance(meta, dict) and isinstance(meta.get("completion_tokens"), int):
-            meta["completion_tokens"] += self.tokens
+        if isinstance(meta, dict):
+            self._stitch_meta(meta)
         return orjson.dumps(chunk)
+
+    def _stitch_meta(self, meta: dict[str, Any]) -> None:
+        earlier = self.meta
+        new_tokens = meta.get("completion_tokens")
+        for key, value in list(meta.items()):
+            before = earlier.get(key)
+            if key.startswith("output_") and isinstance(value, list) and isinstance(before, list):
+                meta[key] = [*before, *value]
+            elif key.startswith("output_") and key.endswith("_length") and isinstance(value, int):
+                meta[key] = value + self.tokens
+        for key in _PROMPT_FIGURES:
+            if key in meta and key in earlier:
+                meta[key] = earlier[key]
+            elif key == "prompt_tokens" and isinstance(meta.get(key), int):
+                meta[key] -= self.tokens
+        if isinstance(new_tokens, int):
+            meta["completion_tokens"] = new_tokens + self.tokens
+            spans = _joined_spans(
+                _spans_of(earlier, 0, self.tokens), _spans_of(meta, self.tokens, new_tokens)
+            )
+            if len(spans) > 1:
+                meta["weight_versions"] = [{"version": v, "start": a, "end": b} for v, a, b in spans]
+
+
+def _spans_of(meta: dict[str, Any], offset: int, count: int) -> list[tuple[str, int, int]]:
+    """(version, start, end) of an answer's output, shifted by `offset`: its own spans, else its one version."""
+    listed = meta.get("weight_versions")
+    if isinstance(listed, list) and listed:
+        return [
+            (str(s.get("version")), offset + int(s.get("start", 0)), offset + int(s.get("end", 0)))
+            for s in listed
+            if isinstance(s, dict)
+        ]
+    version = meta.get("weight_version")
+    return [(str(version), offset, offset + count)] if version is not None and count > 0 else []
+
+
+def _joined_spans(*parts: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+    joined: list[tuple[str, int, int]] = []
+    for version, start, end in (span for part in parts for span in part):
+        if joined and joined[-1][0] == version and joined[-1][2] == start:
+            joined[-1] = (version, joined[-1][1], end)
+        else:
+            joined.append((version, start, end))
+    return joined

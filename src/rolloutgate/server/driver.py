@@ -32,6 +32,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import orjson
+
 from rolloutgate.core.commands import (
     Abort,
     AbortReason,
@@ -61,7 +63,12 @@ from rolloutgate.engines.base import Route, UpstreamCall, UpstreamError, Upstrea
 from rolloutgate.engines.sglang import aborted_in_queue
 from rolloutgate.errors import GatewayError, UpstreamFailure, from_fail_reason
 from rolloutgate.runtime_clock import LoopClock
-from rolloutgate.server.continuation import CannotContinue, continuation_body
+from rolloutgate.server.continuation import (
+    CannotContinue,
+    answer_of_stream,
+    can_continue_whole,
+    continuation_body,
+)
 from rolloutgate.server.engine_watch import EngineWatcher
 from rolloutgate.server.exchange import Exchange, Finished
 from rolloutgate.server.metrics import Metrics
@@ -116,8 +123,12 @@ class Driver:
         metrics: Metrics,
         abort_upstream: bool = True,
         engine_poll_s: float = 3.0,
+        checkpoint_tokens: int = 0,
     ) -> None:
         self.core = core
+        self.checkpoint_tokens = (
+            checkpoint_tokens  # a call answered whole sends its output this often (0: end)
+        )
         self.clock = clock
         self.metrics = metrics
         self.pool: EnginePool | None = None
@@ -265,16 +276,13 @@ class Driver:
         exchange.attempt = command.attempt
         exchange.engine_id = engine.engine_id
         exchange.engine_url = engine.url
-        exchange.assembler = None if exchange.client_streams else ResponseAssembler(exchange.route)
         if command.attempt > 1:
             self.metrics.redispatches.inc()
         body = exchange.body
-        if command.delivered_tokens > 0 and exchange.client_streams:
-            # The client already read part of an earlier attempt: ask the next one for the rest.
+        if command.delivered_tokens > 0:
+            # An earlier attempt made output the gateway holds: ask the next one for the rest.
             try:
-                body, exchange.stitcher = continuation_body(
-                    exchange.route, exchange.body, exchange.history or [], exchange.delivered_tokens
-                )
+                body = self._continuation(exchange)
             except (CannotContinue, ValueError, KeyError, IndexError) as exc:
                 self.handle(
                     UpstreamFailed(
@@ -285,11 +293,13 @@ class Driver:
                     )
                 )
                 return
+        exchange.assembler = None if exchange.client_streams else ResponseAssembler(exchange.route)
         call = UpstreamCall(
             request_id=upstream_id(exchange.request_id, command.attempt, exchange.client_rid),
             route=exchange.route,
             body=body,
             headers=exchange.forward_headers,
+            checkpoint_tokens=self.checkpoint_tokens,
         )
         sink = _AttemptSink(self, exchange, command.attempt)
         if not exchange.client_streams and engine.client.reports_load:  # answered whole: engine-level watch
@@ -299,6 +309,43 @@ class Driver:
         exchange.upstream_task = engine.client.start(
             call, sink, partial(self._attempt_ended, exchange, command.attempt)
         )
+
+    def _continuation(self, exchange: Exchange) -> dict[str, Any]:
+        """The next attempt's body: the rest of the generation after the output earlier attempts made (the
+        client's stream, or the chunks of a call answered whole), or the whole call again where there is no
+        such output or a non-streaming call cannot be continued. Raises CannotContinue (and the parse errors)
+        for a stream that cannot: its client already read part of it."""
+        if exchange.client_streams:
+            answer = answer_of_stream(exchange.route, exchange.history or [])
+            body, exchange.stitcher = continuation_body(
+                exchange.route, exchange.body, answer, exchange.delivered_tokens
+            )
+            self.metrics.continuations.labels(outcome="continued").inc()
+            return body
+        answer = self._output_so_far(exchange)
+        if answer is None or not can_continue_whole(exchange.route, exchange.body):
+            exchange.stitcher = None
+            self.metrics.continuations.labels(outcome="started_over").inc()
+            return exchange.body
+        body, exchange.stitcher = continuation_body(exchange.route, exchange.body, answer, 0)
+        self.metrics.continuations.labels(outcome="continued").inc()
+        return body
+
+    @staticmethod
+    def _output_so_far(exchange: Exchange) -> Any | None:
+        """A call answered whole: its answer so far (the last attempt's newest chunk after what earlier
+        attempts made), or None when no attempt has sent a token."""
+        stitcher, assembler = exchange.stitcher, exchange.assembler
+        try:
+            newest = None if assembler is None else assembler.result()
+        except ValueError:  # no chunk yet
+            newest = None
+        if newest is not None:
+            answer = orjson.loads(newest if stitcher is None else stitcher.stitch(newest))
+            return answer if isinstance(answer, dict) and answer.get("output_ids") else None
+        if stitcher is not None:
+            return {"text": stitcher.text, "output_ids": stitcher.ids, "meta_info": stitcher.meta}
+        return None
 
     def _attempt_ended(self, exchange: Exchange, attempt: int, error: UpstreamError | None) -> None:
         """An attempt's upstream call returned (`error` None) or failed; what a stale attempt says is ignored."""
@@ -341,6 +388,8 @@ class Driver:
         if exchange.assembler is not None:
             try:
                 body = exchange.assembler.result()
+                if exchange.stitcher is not None:  # a continued call: its earlier output first
+                    body = exchange.stitcher.stitch(body)
             except ValueError as exc:  # an engine stream we cannot assemble is the engine's failure
                 log.warning("cannot assemble the engine's answer", extra={"request_id": command.request_id})
                 self._end(exchange, UpstreamFailure(f"the engine's answer could not be read: {exc}"))
@@ -523,7 +572,10 @@ class _AttemptSink:
             exchange.delivered_tokens += event.tokens
             if event.assembly is not None and event.assembly.is_incremental_generate:
                 exchange.cumulative = False
-            forwarded.append(event.data if stitcher is None else stitcher.stitch(event.data))
+            # an incremental chunk carries only its own output: the client has the earlier part already
+            forwarded.append(
+                event.data if stitcher is None or not exchange.cumulative else stitcher.stitch(event.data)
+            )
         if forwarded:
             exchange.send_events(forwarded)
         return not exchange.ended

@@ -24,6 +24,7 @@ from rolloutgate.framing import SSE_DONE, forwardable
 from rolloutgate.server.attach import CachedOutcome, key_for
 from rolloutgate.server.auth import check_admin, check_api_key
 from rolloutgate.server.context import CONTEXT, GatewayContext
+from rolloutgate.server.continuation import can_continue_whole
 from rolloutgate.server.exchange import Exchange, Outbox
 from rolloutgate.server.fleet_versions import VERSION_POLICY_HEADER, VersionPolicyError
 from rolloutgate.server.guard import enter, error_response, guarded, leave
@@ -235,6 +236,7 @@ def submit(
             priority=priority,
             prompt_tokens=estimate_prompt_tokens(route, body) if prompt_tokens is None else prompt_tokens,
             streaming=streams,
+            continuable=ctx.settings.checkpoint_tokens > 0 and can_continue_whole(route, body),
             pinned_engine=pinned_engine,
             group=group,
             max_version_lag=max_version_lag,

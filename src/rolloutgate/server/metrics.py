@@ -181,6 +181,13 @@ class Metrics:
             registry=r,
         )
         self.redispatches = Counter("rolloutgate_redispatches", "Requests sent to another engine", registry=r)
+        self.continuations = Counter(
+            "rolloutgate_continuations",
+            "New attempts of a call that had output: continued from its last token, or started over (a call "
+            "answered whole that cannot be continued: not a single /generate prompt, or no chunk came yet)",
+            ["outcome"],
+            registry=r,
+        )
         self.quarantines = Counter(
             "rolloutgate_engine_quarantines",
             "Times an engine was caught hung and quarantined",
