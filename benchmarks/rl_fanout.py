@@ -94,11 +94,15 @@ async def measure(engine_urls: list[str], gateways: dict[str, str], path: str, r
     for name, values in overheads.items():
         values.sort()
         p50, p90 = values[len(values) // 2], values[int(len(values) * 0.9)]
-        print(f"  {name:12s} fan-out overhead over the slowest engine: p50 {p50 * 1000:.2f} ms, p90 {p90 * 1000:.2f} ms")
+        print(
+            f"  {name:12s} fan-out overhead over the slowest engine: p50 {p50 * 1000:.2f} ms, p90 {p90 * 1000:.2f} ms"
+        )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--engines", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--path", default="flush_cache")
