@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yarl
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     JsonConfigSettingsSource,
@@ -325,7 +325,14 @@ class GatewaySettings(BaseSettings):
     on_stale: OnStale = Field(
         default=_CORE.on_stale,
         description="what becomes of a stale request: requeue (aborted, re-run from scratch on the new "
-        "weights) or partial (aborted, answered with its tokens so far and finish reason abort)",
+        "weights), partial (aborted, answered with its tokens so far and finish reason abort) or pace (none is "
+        "aborted: new work waits while the trainer is behind, with --pace-batch; docs/rl.md)",
+    )
+    pace_batch: int | None = Field(
+        default=None,
+        ge=1,
+        description="with --on-stale pace: the units of new work (sessions; calls without a session key) the "
+        "trainer consumes per weight version; at most this x (version + max_staleness + 1) are admitted",
     )
     state_dir: str | None = Field(
         default=None, description="folder for durable session records (SQLite); sessions survive a restart"
@@ -397,6 +404,14 @@ class GatewaySettings(BaseSettings):
         if isinstance(value, list):
             return [EngineSpec.parse(v) if isinstance(v, str) else v for v in value]
         return value
+
+    @model_validator(mode="after")
+    def _pace_complete(self) -> GatewaySettings:
+        if self.on_stale == "pace" and (self.pace_batch is None or self.max_staleness is None):
+            raise ValueError("--on-stale pace needs --max-staleness K and --pace-batch N (docs/rl.md)")
+        if self.pace_batch is not None and self.on_stale != "pace":
+            raise ValueError("--pace-batch applies to --on-stale pace only")
+        return self
 
     @property
     def queue_timeout_s(self) -> float:

@@ -8,7 +8,14 @@ import pytest
 
 from rolloutgate.core.commands import Abort, AbortReason, Complete, Dispatch, Fail
 from rolloutgate.core.config import GatewayCoreConfig
-from rolloutgate.core.events import GateClosed, GateOpened, PauseMode, WeightsUpdated
+from rolloutgate.core.events import (
+    ClientDisconnected,
+    GateClosed,
+    GateOpened,
+    PauseMode,
+    QueueAborted,
+    WeightsUpdated,
+)
 from rolloutgate.core.weights import WeightVersions
 from tests.core.helpers import Harness, of, reference
 
@@ -116,3 +123,80 @@ def test_the_bound_and_the_action_are_validated() -> None:
     assert (versions.is_stale(0), versions.is_stale(1)) == (True, False)
     assert repr(versions) == "<WeightVersions v2 (v2) max_staleness=1>"
     assert repr(WeightVersions()) == "<WeightVersions v0 (None) max_staleness=off>"
+
+
+# --- on_stale "pace": staleness bounded by admission (pace.py) -----------------------------------------------
+
+
+def dispatched(h: Harness) -> list[str]:
+    return [d.request_id for d in h.commands(Dispatch)]
+
+
+def test_pace_holds_new_work_past_the_budget_and_aborts_nothing_at_an_update() -> None:
+    """batch 2, K 0: two units by version 0, four by version 1; what runs across an update goes on."""
+    h = Harness(reference(max_staleness=0, on_stale="pace", pace_batch=2))
+    h.engines(e1=8)
+    for rid in ("a", "b", "c", "d", "e"):
+        h.arrive(rid)
+    assert dispatched(h) == ["a", "b"]
+    assert h.gw.stats().queue_depth == 3 and h.gw.inspect().held == {"c", "d", "e"}
+    out = h.send(WeightsUpdated())
+    assert of(out, Abort) == []  # a and b run on: nothing is thrown away
+    assert dispatched(h) == ["a", "b", "c", "d"]  # in arrival order, up to the new budget
+    assert h.gw.stats().stale_requeued == 0
+    h.send(WeightsUpdated())
+    assert dispatched(h) == ["a", "b", "c", "d", "e"]
+    assert all(h.attempt_of[rid] == 1 for rid in "abcde")
+
+
+def test_pace_counts_a_session_once_and_never_holds_its_later_turns() -> None:
+    h = Harness(reference(max_staleness=1, on_stale="pace", pace_batch=1))
+    h.engines(e1=8)
+    h.arrive("s1-t1", routing_key="s1")
+    h.arrive("s2-t1", routing_key="s2")  # budget 1 x (0 + 1 + 1) = 2
+    h.arrive("s3-t1", routing_key="s3")  # held
+    h.finish("s1-t1")
+    h.arrive("s1-t2", routing_key="s1")  # a later turn of an admitted session: never held
+    assert dispatched(h) == ["s1-t1", "s2-t1", "s1-t2"]
+    h.send(WeightsUpdated())
+    assert dispatched(h)[-1] == "s3-t1"
+
+
+def test_a_held_call_that_ends_leaves_the_line() -> None:
+    h = Harness(reference(max_staleness=0, on_stale="pace", pace_batch=1))
+    h.engines(e1=8)
+    h.arrive("a")
+    h.arrive("b")
+    h.arrive("c")
+    h.send(ClientDisconnected(request_id="b"))
+    h.advance(reference().retry_grace_s + 1.0)  # no retry came: it ends
+    assert "b" not in h.gw.inspect().requests
+    h.send(WeightsUpdated())
+    assert dispatched(h) == ["a", "c"]
+    assert h.gw.inspect().held == frozenset()
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"on_stale": "pace", "max_staleness": 1},  # no batch
+        {"on_stale": "pace", "pace_batch": 4},  # no bound
+        {"on_stale": "requeue", "max_staleness": 1, "pace_batch": 4},  # a batch without pace
+        {"on_stale": "pace", "max_staleness": 1, "pace_batch": 0},
+    ],
+)
+def test_pace_needs_its_bound_and_batch(settings: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="pace"):
+        GatewayCoreConfig(**settings)  # type: ignore[arg-type]
+
+
+def test_an_abort_of_everything_waiting_takes_the_held_calls_too() -> None:
+    """SGLang's `abort_all` through the gateway (QueueAborted): a call held by the pace waits as surely as one in
+    the queue, so it is answered as aborted with the rest."""
+    h = Harness(reference(max_staleness=0, on_stale="pace", pace_batch=1))
+    h.engines(e1=8)
+    h.arrive("a")
+    h.arrive("b")
+    h.send(QueueAborted())
+    assert [f.request_id for f in h.commands(Fail)] == ["b"]
+    assert h.gw.inspect().held == frozenset()

@@ -265,3 +265,27 @@ async def test_a_trainers_own_update_counts_once_the_gateway_is_told_at_resume(
     assert "weight_versions" not in meta  # re-run from scratch on the new weights
     weights = (await http.get(f"{url}/admin/state")).json()["weights"]
     assert (weights["version"], weights["engine_version"], weights["stale_requeued"]) == (1, None, 1)
+
+
+async def test_pace_aborts_nothing_and_holds_new_work_until_the_update(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
+) -> None:
+    """`--on-stale pace` (core/pace.py), batch 1 and K 0: one generation may run per version. The second waits
+    in the gateway; the update lets it in, and the first runs on across it to its full length (two spans)."""
+    cluster = await make_cluster(engines=1, time_scale=SCALE, weight_update_s=5.0)
+    gateway = await make_gateway(cluster, max_staleness=0, on_stale="pace", pace_batch=1)
+    url = gateway.url
+    first = asyncio.create_task(http.post(f"{url}/generate", json=_generate("first")))
+    await wait_until(lambda: cluster.engines[0].running_count == 1)
+    second = asyncio.create_task(http.post(f"{url}/generate", json=_generate("second")))
+    await wait_until(lambda: gateway.context.driver.core.stats().queue_depth == 1)
+    assert cluster.engines[0].running_count == 1  # held in the gateway, not sent
+    await _update_mid_decode(http, url, cluster)
+    answers = [await first, await second]
+    assert [a.status_code for a in answers] == [200, 200], answers[0].text
+    kept = answers[0].json()["meta_info"]
+    assert (kept["finish_reason"]["type"], kept["completion_tokens"]) == ("length", TOKENS)
+    assert [s["version"] for s in kept["weight_versions"]] == ["default", "step-1"]
+    assert answers[1].json()["meta_info"]["weight_version"] == "step-1"  # admitted after the update
+    assert cluster.engines[0].state(include_requests=False)["aborted_total"] == 0
+    assert _stale_counts((await http.get(f"{url}/metrics")).text) == {}

@@ -94,6 +94,9 @@ class GatewayCoreConfig:
     # at the next one (None: no bound), and is then re-queued from scratch or answered with its partial output
     max_staleness: int | None = None
     on_stale: OnStale = "requeue"
+    # on_stale "pace": the units of new work (sessions, or calls without a routing key) the trainer consumes per
+    # weight version; at most this x (version + max_staleness + 1) are admitted (pace.py)
+    pace_batch: int | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -131,6 +134,14 @@ class GatewayCoreConfig:
             raise ValueError(f"max_staleness must be >= 0 (None: off), got {self.max_staleness!r}")
         if self.on_stale not in ON_STALE:
             raise ValueError(f"on_stale must be one of {ON_STALE}, got {self.on_stale!r}")
+        if (self.on_stale == "pace") != (self.pace_batch is not None) or (
+            self.on_stale == "pace" and self.max_staleness is None
+        ):
+            raise ValueError(
+                "on_stale 'pace' needs max_staleness and pace_batch, and pace_batch needs 'pace'"
+            )
+        if self.pace_batch is not None and self.pace_batch < 1:
+            raise ValueError(f"pace_batch must be >= 1, got {self.pace_batch!r}")
         if math.isnan(self.engine_cache_tokens) or self.engine_cache_tokens <= 0:
             raise ValueError(
                 f"engine_cache_tokens must be > 0 (math.inf: unknown), got {self.engine_cache_tokens!r}"

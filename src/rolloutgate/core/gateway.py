@@ -224,7 +224,7 @@ class Gateway:
             clock_mode=ledger.config.clock_mode.value,
             gate="open" if ledger.gate.mode is None else ledger.gate.mode.value,
             gate_closed_at=ledger.gate.closed_at,
-            queue_depth=len(ledger.queue) + ledger.session_cap.held,
+            queue_depth=len(ledger.queue) + ledger.held,
             in_flight={e.engine_id: e.in_flight for e in ledger.engines.values()},
             engine_states={e.engine_id: e.state.value for e in ledger.engines.values()},
             live_requests=len(ledger.requests),

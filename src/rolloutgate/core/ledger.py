@@ -49,6 +49,7 @@ from rolloutgate.core.events import ClockMode
 from rolloutgate.core.gate import Gate
 from rolloutgate.core.group_table import GroupTable
 from rolloutgate.core.liveness import prefill_allowance_s
+from rolloutgate.core.pace import StalenessPace
 from rolloutgate.core.placement import make_policy
 from rolloutgate.core.records import FRONT_TIER, NO_ENGINES, EngineRecord, RequestRecord
 from rolloutgate.core.request_state import RequestState
@@ -98,6 +99,7 @@ class Ledger:
         self.weights = WeightVersions(config.max_staleness)
         self.sessions = SessionTable(config.max_sessions, config.session_idle_s)
         self.session_cap = SessionCap(config.session_max_in_flight)
+        self.pace = StalenessPace(config.pace_batch, config.max_staleness)  # on_stale "pace" (pace.py)
         self.has_released = False  # a held call entered the queue: the edge of the event pumps (gateway.py)
         self.groups = GroupTable()  # live groups (group_table.py); placed through the session table
         placement = config.placement if self.is_engine_mode else "least_outstanding"
@@ -182,11 +184,20 @@ class Ledger:
     def enqueue(self, r: RequestRecord, now: float) -> None:
         r.move_to(RequestState.QUEUED)
         r.clock.start_queued(self.pool, now)
-        if not self.session_cap.is_held(r.request_id):  # a held call waits outside the queue (session_cap.py)
+        if not self.is_held(r.request_id):
             self.queue.push(r.request_id, r.sort_key)
         if r.limits.queue_timeout_s != math.inf:
             self.queue_timers.set(r.request_id, r.clock.queue_v(r.limits.queue_timeout_s))
             self.reschedule_queue(now)
+
+    def is_held(self, request_id: str) -> bool:
+        """A held call waits outside the queue: over its session's cap (session_cap.py), or new work past the
+        pace's budget (pace.py)."""
+        return self.session_cap.is_held(request_id) or self.pace.is_held(request_id)
+
+    @property
+    def held(self) -> int:
+        return self.session_cap.held + self.pace.held
 
     def requeue(self, r: RequestRecord, now: float, *, afresh: bool = False) -> None:
         """Put a request that was running back at the front of the queue (it keeps its original order). Its
@@ -369,6 +380,7 @@ class Ledger:
         if (successor := self.session_cap.leave(r.routing_key, rid)) is not None:  # held: takes its place
             self.queue.push(successor, self.requests[successor].sort_key)
             self.has_released = True
+        self.pace.leave(rid)
         self.drop_queue_timer(rid)
         timers = self.timers
         for kind in (TimerKind.WALL, TimerKind.WALLCLOCK, TimerKind.GRACE):

@@ -61,8 +61,8 @@ def on_weights_updated(ledger: Ledger, ev: WeightsUpdated, now: float) -> list[C
     weights.advance(ev.engine_version)
     running = [r for e in ledger.engines.values() for r in e.requests.values()]
     for r in sorted(running, key=lambda r: r.sort_key):
-        if r.is_stale_answering or not weights.is_stale(r.started_version):
-            continue
+        if ledger.pace.is_on or r.is_stale_answering or not weights.is_stale(r.started_version):
+            continue  # under pace nothing running is aborted: the budget bounds staleness (pace.py)
         if ledger.config.on_stale == "partial":  # its engine answers it with what it generated so far
             ledger.abort(r, AbortReason.STALE_PARTIAL, out)
             r.is_stale_answering = True
@@ -72,5 +72,7 @@ def on_weights_updated(ledger: Ledger, ev: WeightsUpdated, now: float) -> list[C
             ledger.detach(r, now, forgive=True)
             ledger.requeue(r, now, afresh=True)
             weights.stale_requeued += 1
+    for request_id in ledger.pace.release(weights.version):  # new work the trainer now has room for
+        ledger.queue.push(request_id, ledger.requests[request_id].sort_key)
     ledger.pump(now, out)
     return out

@@ -85,13 +85,18 @@ def on_arrived(ledger: Ledger, ev: RequestArrived, now: float) -> list[Command]:
         ledger.reject(
             r, FailReason.NO_ENGINE, now, out, ledger.config.no_engine_retry_after_s, "unknown engine"
         )
-    elif len(ledger.queue) + ledger.session_cap.held >= ledger.config.max_queue:
+    elif len(ledger.queue) + ledger.held >= ledger.config.max_queue:
         ledger.reject(r, FailReason.QUEUE_FULL, now, out, ledger.config.retry_after_s, "queue full")
     else:
         ledger.requests[r.request_id] = r
         if r.group is not None:
             ledger.groups.join(r.group, r.request_id, now)
-        is_admitted = ledger.session_cap.admit(r.routing_key, r.request_id)  # else held (session_cap.py)
+        # else held: over its session's cap (session_cap.py), or new work the trainer is not ready for (pace.py)
+        is_admitted = ledger.session_cap.admit(r.routing_key, r.request_id) and ledger.pace.admit(
+            r.request_id,
+            opens_work=r.routing_key is None or ledger.sessions.is_new_session(r.routing_key),
+            version=ledger.weights.version,
+        )
         engine = _direct_engine(ledger, r, now) if is_admitted else None
         if engine is None:
             ledger.enqueue(r, now)
@@ -241,7 +246,11 @@ def on_attached(ledger: Ledger, ev: ClientAttached, now: float) -> list[Command]
 
 def on_queue_aborted(ledger: Ledger, ev: QueueAborted, now: float) -> list[Command]:
     out: list[Command] = []
-    for request_id in ledger.queue.ids_in_order():
+    held = sorted(
+        (ledger.requests[rid] for rid in ledger.session_cap.held_ids() | ledger.pace.held_ids()),
+        key=lambda r: r.sort_key,
+    )  # waiting too, outside the queue
+    for request_id in [*ledger.queue.ids_in_order(), *(r.request_id for r in held)]:
         if ev.request_ids is not None and request_id not in ev.request_ids:
             continue
         ledger.fail(ledger.requests[request_id], FailReason.ABORTED, now, out, detail="abort_request")

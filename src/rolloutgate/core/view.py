@@ -57,7 +57,9 @@ class GatewayView:
     requests: Mapping[str, RequestRecord]  # live request id -> its record (queued or dispatched)
     engines: Mapping[str, EngineRecord]  # engine id -> its record, in join order
     queue: QueueView
-    held: frozenset[str]  # queued calls held over their session's cap, outside the queue (session_cap.py)
+    held: frozenset[
+        str
+    ]  # queued calls held outside the queue: over a session's cap, or past the pace's budget
     timers: Mapping[tuple[TimerKind, str], float]  # each real-time timer set -> when it is due (ledger.py)
     is_gate_closed: bool
     dispatcher: str  # the dispatcher's repr: its placement policy and how many wait
@@ -71,7 +73,7 @@ def view_of(ledger: Ledger) -> GatewayView:
     return GatewayView(
         requests=MappingProxyType(dict(ledger.requests)),
         engines=MappingProxyType(dict(ledger.engines)),
-        held=ledger.session_cap.held_ids(),
+        held=ledger.session_cap.held_ids() | ledger.pace.held_ids(),
         queue=QueueView(
             ids=tuple(queue.ids_in_order()),
             lanes=MappingProxyType({lane: ids for lane, ids in in_lanes.items() if ids}),

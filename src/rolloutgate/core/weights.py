@@ -12,7 +12,8 @@ those that lived through one update already and now see a second. What happens t
 edge's setting `on_stale`: "requeue" aborts it on its engine and queues it again at the front, to start from
 scratch under V (its client sees nothing but the wait); "partial" aborts it on its engine and keeps it there,
 so the engine answers it with the tokens generated so far and finish reason `abort` (miles' partial rollouts
-put such samples back in their buffer).
+put such samples back in their buffer); "pace" aborts nothing and bounds staleness by admission instead
+(pace.py: new work waits while the trainer is behind).
 
 Rules:
 1. The version only grows, by one per update.
@@ -25,8 +26,8 @@ from typing import Literal
 
 __all__ = ("ON_STALE", "OnStale", "WeightVersions")
 
-OnStale = Literal["requeue", "partial"]
-ON_STALE: tuple[OnStale, ...] = ("requeue", "partial")
+OnStale = Literal["requeue", "partial", "pace"]
+ON_STALE: tuple[OnStale, ...] = ("requeue", "partial", "pace")
 
 
 class WeightVersions:

@@ -121,6 +121,7 @@ def core_config(settings: GatewaySettings) -> GatewayCoreConfig:
         warmup_timeout_s=settings.warmup_timeout,
         max_staleness=settings.max_staleness,
         on_stale=settings.on_stale,
+        pace_batch=settings.pace_batch,
     )
 
 
