@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 import pytest
 from openai import AsyncOpenAI
+from tests.compat.frameworks.sim_engines import wait_running
 from tests.server import conftest as server_conftest
 from tests.server.conftest import MakeCluster, MakeGateway
 
@@ -125,15 +126,6 @@ class Episode:
     def engine(self, trace_id: str) -> str:
         (engine,) = set(self.engines[trace_id])  # every call of a trace on one engine
         return engine
-
-
-async def wait_running(cluster: Any, engine_url: str) -> None:
-    engine = cluster.engines[cluster.urls.index(engine_url)]
-    for _ in range(2000):
-        if engine.running_count:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"nothing ran on {engine_url}")
 
 
 @pytest.mark.looptime

@@ -35,6 +35,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from tests.compat.frameworks.sim_engines import wait_running
 from tests.server import conftest as server_conftest
 from tests.server.conftest import MakeCluster, MakeGateway
 
@@ -145,15 +146,6 @@ class Trajectory:
     async def end(self) -> None:
         await self.start_turn(None)
         await self.task
-
-
-async def wait_running(cluster: Any, engine_url: str) -> None:
-    engine = cluster.engines[cluster.urls.index(engine_url)]
-    for _ in range(2000):
-        if engine.running_count:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"nothing ran on {engine_url}")
 
 
 @pytest.mark.looptime
