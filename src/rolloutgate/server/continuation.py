@@ -63,7 +63,10 @@ def can_continue_whole(route: Route, body: dict[str, Any]) -> bool:
     params = body.get("sampling_params")
     if params is not None and (not isinstance(params, dict) or params.get("n", 1) != 1):
         return False
-    ids = token_ids_of(body.get("input_ids"))
+    ids = body.get("input_ids")
+    if isinstance(ids, orjson.Fragment):  # the front's compact copy: its first bytes tell, no parse needed
+        head = orjson.dumps(ids)[:32].lstrip()
+        return head.startswith(b"[") and not head[1:].lstrip().startswith(b"[")
     if ids is not None:
         return isinstance(ids, list) and all(isinstance(i, int) for i in ids[:1])
     return isinstance(body.get("text"), str)
