@@ -1,0 +1,396 @@
+"""slime's router calls, imitated, against rolloutgate in front of simulated SGLang engines
+(docs/frameworks/slime.md).
+
+This test does not run slime's code (it needs sglang, sglang_router, Megatron, torch and Ray; it is not on the
+package index). It makes, on the wire, the calls slime makes to its router and, through the router's worker
+list, to its engines, in slime's order. Sources: THUDM/slime 624b824a (2026-08-21):
+
+- `slime/backends/sglang_utils/sglang_engine.py`: `SGLangEngine._register_to_router` (`POST /workers
+  {"url", "worker_type": "regular"}`, `raise_for_status`); `shutdown` (`GET /workers`, the worker whose `url`
+  is its own, `DELETE /workers/{id}`).
+- `slime/utils/http_utils.py`: `init_http_client` (one `httpx.AsyncClient`, no timeout, `trust_env=False`,
+  `sglang_server_concurrency` x engines connections); `_post` (any error retried, 60 tries, 1 s apart; the
+  body parsed as JSON); `get` (`raise_for_status`, JSON).
+- `slime/rollout/sglang_rollout.py`: `GenerateState` (the sampling parameters), `generate` (`POST /generate
+  {"sampling_params", "return_logprob": true, "input_ids"}`, `X-SMG-Routing-Key: <session id>` under
+  `--router-policy consistent_hashing`, `max_new_tokens` less the response already generated (slime#2261), the
+  answer's `meta_info.output_token_logprobs` and `text` appended), `generate_and_rm_group` (a uuid4 session id
+  per sample), `abort` (`GET /workers` on the router, then `abort_servers_until_idle` on every URL, then every
+  pending task awaited; with `--partial-rollout` the aborted samples go back to the buffer).
+- `slime/backends/sglang_utils/server_control.py`: `abort_server_until_idle` (`POST /abort_request
+  {"abort_all": true}` on the engine, `GET /v1/loads?include=core`, `num_requests_from_load`, again every 3 s
+  until the engine holds no request).
+- `slime/utils/types.py` `Sample.append_response_tokens` / `_apply_meta_info`: the status from
+  `meta_info.finish_reason.type` (length: truncated, abort: aborted, stop: completed), `weight_version`.
+- `slime/rollout/sglang_streaming_rollout.py` `generate_streaming`: the same body with `"stream": true`, each
+  SSE `data:` chunk taken as the call's cumulative state so far (what an abort leaves on the sample).
+- `slime/agent/adapters/common.py` `call_sglang_generate`: the agent adapters' turn, with its own `rid`
+  (uuid4 hex), `aiohttp.ClientTimeout(total=None, sock_read=900)`, and on cancellation `POST /abort_request
+  {"rid": rid}` to the same URL.
+
+What differs, on purpose: the imitation reads rolloutgate's answers and state (`X-Rolloutgate-Engine`, the
+simulated engines' counters), which slime does not, to see where each call ran. The step-end abort in
+`test_..._waiting_in_the_gateway` is slime's with the patch of docs/frameworks/slime.md (the router first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import httpx
+import pytest
+from tests.compat.frameworks.sim_engines import wait_running
+from tests.server import conftest as server_conftest
+from tests.server.conftest import MakeCluster, MakeGateway
+from tests.sim.helpers import wait_until
+
+from rolloutsim import SimCluster
+
+make_cluster = server_conftest.make_cluster  # the gateway tests' fixtures, reused here
+make_gateway = server_conftest.make_gateway
+
+SCALE = 100.0
+ADMIN_TOKEN = "trainer-only-51e0"  # the admin API stays behind a token; slime sends none
+CLUSTER_NETWORK = ["127.0.0.0/8"]  # `--trust-network`: the engines' and the rollout's network, loopback here
+# slime's own waits, on the simulator's time scale (an engine second lasts 1/SCALE here)
+ABORT_RETRY_INTERVAL_S = 3 / SCALE  # server_control.ABORT_RETRY_INTERVAL_SECONDS
+POST_RETRY_INTERVAL_S = 1 / SCALE  # http_utils._post's sleep between tries
+
+
+@dataclass
+class Sample:
+    """The fields of slime's `Sample` that its rollout reads and writes."""
+
+    prompt_ids: list[int]
+    session_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    tokens: list[int] = field(default_factory=list)
+    response_length: int = 0
+    log_probs: list[float] = field(default_factory=list)
+    response: str = ""
+    status: str = "pending"
+    weight_versions: list[str] = field(default_factory=list)
+
+    def append_response_tokens(
+        self, tokens: list[int], log_probs: list[float], meta: dict[str, Any], text: str
+    ) -> None:
+        assert len(log_probs) == len(tokens)
+        self.response += text
+        self.tokens += tokens
+        self.response_length += len(tokens)
+        self.log_probs += log_probs
+        if "finish_reason" not in meta:
+            return
+        if "weight_version" in meta:
+            self.weight_versions.append(meta["weight_version"])
+        self.status = {"length": "truncated", "abort": "aborted", "stop": "completed"}[
+            meta["finish_reason"]["type"]
+        ]
+
+
+def sampling_params(max_new_tokens: int) -> dict[str, Any]:
+    """`GenerateState.sampling_params` with slime's defaults (`--rollout-temperature 1` ... `--rollout-top-k -1`)."""
+    return {
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "max_new_tokens": max_new_tokens,
+        "stop": None,
+        "stop_token_ids": None,
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
+        "spaces_between_special_tokens": False,
+    }
+
+
+class Slime:
+    """slime's HTTP side: its engines' registration and removal, its rollout, its step-end abort."""
+
+    def __init__(self, router_url: str, engines: int, *, consistent_hashing: bool = False) -> None:
+        self.router_url = router_url
+        self.consistent_hashing = consistent_hashing
+        self.client = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=512 * engines), timeout=httpx.Timeout(None), trust_env=False
+        )
+        self.retries = 0  # slime's `_post` retries any error; none is expected here
+        self.pendings: set[asyncio.Task[Sample]] = set()
+
+    async def close(self) -> None:
+        for task in self.pendings:
+            task.cancel()
+        await asyncio.gather(*self.pendings, return_exceptions=True)
+        await self.client.aclose()
+
+    async def post(self, url: str, payload: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
+        for attempt in range(60):
+            try:
+                response = await self.client.post(url, json=payload or {}, headers=headers)
+                response.raise_for_status()
+                return json.loads(response.content) if response.content.strip() else ""
+            except (httpx.HTTPError, ValueError):
+                self.retries += 1
+                if attempt == 59:
+                    raise
+                await asyncio.sleep(POST_RETRY_INTERVAL_S)
+        raise AssertionError("unreachable")
+
+    async def get(self, url: str) -> Any:
+        response = await self.client.get(url)
+        response.raise_for_status()
+        return json.loads(response.content)
+
+    # -- SGLangEngine
+    async def register(self, engine_url: str) -> int:
+        response = await self.client.post(
+            f"{self.router_url}/workers", json={"url": engine_url, "worker_type": "regular"}
+        )
+        response.raise_for_status()
+        return response.status_code
+
+    async def unregister(self, engine_url: str) -> int:
+        workers = (await self.client.get(f"{self.router_url}/workers")).json()["workers"]
+        (worker,) = [w for w in workers if w["url"] == engine_url]
+        response = await self.client.delete(f"{self.router_url}/workers/{worker['id']}")
+        response.raise_for_status()
+        return response.status_code
+
+    # -- sglang_rollout
+    async def generate(self, sample: Sample, max_new_tokens: int) -> Sample:
+        params = sampling_params(max_new_tokens - sample.response_length)
+        payload = {
+            "sampling_params": params,
+            "return_logprob": True,
+            "input_ids": sample.tokens or sample.prompt_ids,
+        }
+        if not sample.tokens:
+            sample.tokens = list(sample.prompt_ids)
+        headers = {"X-SMG-Routing-Key": sample.session_id} if self.consistent_hashing else None
+        output = await self.post(f"{self.router_url}/generate", payload, headers=headers)
+        triples = output["meta_info"].get("output_token_logprobs", [])
+        sample.append_response_tokens(
+            [t[1] for t in triples], [t[0] for t in triples], output["meta_info"], output["text"]
+        )
+        return sample
+
+    def submit(self, samples: list[Sample], max_new_tokens: int) -> None:
+        for sample in samples:
+            self.pendings.add(asyncio.create_task(self.generate(sample, max_new_tokens)))
+
+    async def abort_server_until_idle(self, url: str) -> int:
+        """server_control's loop, bounded here; the number of abort rounds it took."""
+        for attempt in range(1, 21):
+            await self.post(f"{url}/abort_request", {"abort_all": True})
+            load = await self.get(f"{url}/v1/loads?include=core")
+            if sum(s["num_running_reqs"] + s["num_waiting_reqs"] for s in load["loads"]) <= 0:
+                return attempt
+            await asyncio.sleep(ABORT_RETRY_INTERVAL_S)
+        raise AssertionError(f"{url} never idle")
+
+    async def abort(self, *, router_first: bool = False) -> list[Sample]:
+        """sglang_rollout.abort; `router_first`: with the patch of docs/frameworks/slime.md."""
+        response = await self.get(f"{self.router_url}/workers")
+        urls = [worker["url"] for worker in response["workers"]]
+        if router_first:
+            await self.post(f"{self.router_url}/abort_request", {"abort_all": True})
+        rounds = await asyncio.gather(*(self.abort_server_until_idle(url) for url in urls))
+        assert all(r >= 1 for r in rounds)
+        aborted = []
+        while self.pendings:
+            done, self.pendings = await asyncio.wait(self.pendings, return_when=asyncio.FIRST_COMPLETED)
+            aborted += [task.result() for task in done]
+        return aborted
+
+
+async def running_calls(cluster: SimCluster) -> int:
+    return sum(engine.running_count for engine in cluster.engines)
+
+
+@pytest.mark.looptime
+async def test_a_slime_rollout_step_registers_generates_aborts_and_resumes_its_partial_samples(
+    make_cluster: MakeCluster, make_gateway: MakeGateway
+) -> None:
+    """The engines register from the cluster network with no token; a batch of groups runs (each sample its
+    own session, sent as `X-SMG-Routing-Key`); over-sampled calls still run when the step ends: slime lists the
+    workers, aborts each engine until idle, and every pending call is answered 200, finish reason abort, with
+    the tokens and logprobs generated so far, which slime keeps. The next step resumes each partial sample from
+    its prompt plus those tokens with the rest of the budget, and it ends at exactly the budget. The engines
+    then remove themselves."""
+    cluster = await make_cluster(engines=2, api="sglang", time_scale=SCALE)
+    gateway = await make_gateway(engines=[], admin_token=ADMIN_TOKEN, trusted_networks=CLUSTER_NETWORK)
+    slime = Slime(gateway.url, engines=2, consistent_hashing=True)
+    try:
+        assert [await slime.register(url) for url in cluster.urls] == [201, 201]
+        workers = await slime.get(f"{gateway.url}/workers")
+        assert [w["url"] for w in workers["workers"]] == cluster.urls
+
+        # -- a batch: 2 groups x 2 samples, each run to its budget (no EOS on this engine profile)
+        groups = [[Sample([1, 100 + g, *range(2, 60)]) for _ in range(2)] for g in range(2)]
+        done = await asyncio.gather(*(slime.generate(s, 48) for group in groups for s in group))
+        for sample in done:
+            assert sample.status == "truncated" and sample.response_length == 48
+            assert len(sample.log_probs) == 48 and sample.tokens[:60] == sample.prompt_ids
+            assert isinstance(sample.response, str) and len(sample.weight_versions) == 1
+
+        # -- over-sampled work still running at the step's end (4 calls: no engine is full, none waits)
+        budget = 2_000
+        partial = [Sample([1, 200 + i, *range(2, 40)]) for i in range(4)]
+        slime.submit(partial, budget)
+
+        async def all_running() -> bool:
+            return await running_calls(cluster) == 4
+
+        await wait_until(all_running)
+        aborted = await slime.abort()
+        assert len(aborted) == 4
+        for sample in aborted:
+            assert sample.status == "aborted"
+            assert 0 < sample.response_length < budget  # the prefix generated before the abort, kept
+            assert len(sample.tokens) == len(sample.prompt_ids) + sample.response_length
+            assert len(sample.log_probs) == sample.response_length
+        assert await running_calls(cluster) == 0
+
+        # -- the next step resumes them (partial rollout): prompt + kept tokens, the rest of the budget
+        resumed = await asyncio.gather(*(slime.generate(s, budget) for s in aborted))
+        for sample in resumed:
+            assert sample.status == "truncated" and sample.response_length == budget
+            assert len(sample.log_probs) == budget
+        assert slime.retries == 0
+
+        # -- shutdown: each engine removes itself
+        assert [await slime.unregister(url) for url in cluster.urls] == [200, 200]
+        assert (await slime.get(f"{gateway.url}/workers"))["workers"] == []
+    finally:
+        await slime.close()
+
+
+@pytest.mark.looptime
+async def test_slimes_step_end_abort_with_the_router_first_also_ends_the_calls_waiting_in_the_gateway(
+    make_cluster: MakeCluster, make_gateway: MakeGateway
+) -> None:
+    """Eight calls on two engines held at two each: four run, four wait in the gateway. slime's abort with the
+    router first (docs/frameworks/slime.md's patch) answers all eight at once: the running ones with their
+    prefix, the waiting ones with SGLang's own answer for a call aborted in its queue (no tokens), which slime
+    keeps as aborted samples with their whole budget left. Nothing runs afterwards."""
+    cluster = await make_cluster(engines=2, api="sglang", time_scale=SCALE)
+    gateway = await make_gateway(
+        cluster, admin_token=ADMIN_TOKEN, trusted_networks=CLUSTER_NETWORK, capacity=2
+    )
+    slime = Slime(gateway.url, engines=2)
+    try:
+        samples = [Sample([1, 300 + i, *range(2, 40)]) for i in range(8)]
+        slime.submit(samples, 5_000)
+
+        async def four_running() -> bool:
+            return await running_calls(cluster) == 4
+
+        await wait_until(four_running)
+        aborted = await slime.abort(router_first=True)
+        # the four that waited never reached an engine: no token (dispatched after the engines' abort, they
+        # would have run until slime's next round or to their end)
+        assert sorted(s.response_length > 0 for s in aborted) == [False] * 4 + [True] * 4
+        assert all(s.status == "aborted" and len(s.log_probs) == s.response_length < 5_000 for s in aborted)
+        assert await running_calls(cluster) == 0
+        assert slime.retries == 0
+    finally:
+        await slime.close()
+
+
+@pytest.mark.looptime
+async def test_slimes_streaming_rollout_keeps_the_cumulative_prefix_an_abort_leaves(
+    make_cluster: MakeCluster, make_gateway: MakeGateway
+) -> None:
+    """`generate_streaming`: `/generate` with `"stream": true` through the gateway; each `data:` chunk is the
+    call's state so far (SGLang's cumulative stream: every chunk repeats and extends the last). The step-end
+    abort on the engine ends the stream with a chunk whose finish reason is abort, and the sample holds what
+    that chunk carried: tokens and logprobs of equal length, text, resumable."""
+    cluster = await make_cluster(engines=1, api="sglang", time_scale=SCALE)
+    gateway = await make_gateway(cluster, admin_token=ADMIN_TOKEN, trusted_networks=CLUSTER_NETWORK)
+    slime = Slime(gateway.url, engines=1)
+    chunks: list[dict[str, Any]] = []
+
+    async def generate_streaming(sample: Sample) -> Sample:
+        payload = {
+            "sampling_params": sampling_params(3_000),
+            "return_logprob": True,
+            "stream": True,
+            "input_ids": sample.prompt_ids,
+        }
+        async with slime.client.stream("POST", f"{gateway.url}/generate", json=payload) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if not line.startswith("data:") or line[5:].strip() in ("", "[DONE]"):
+                    continue
+                chunks.append(json.loads(line[5:]))
+        last = chunks[-1]
+        triples = last["meta_info"]["output_token_logprobs"]
+        sample.tokens = list(sample.prompt_ids)
+        sample.append_response_tokens(
+            [t[1] for t in triples], [t[0] for t in triples], last["meta_info"], last["text"]
+        )
+        return sample
+
+    try:
+        sample = Sample([1, 400, *range(2, 40)])
+        task = asyncio.create_task(generate_streaming(sample))
+        await wait_until(lambda: len(chunks) >= 3)
+        (engine_url,) = cluster.urls
+        await slime.abort_server_until_idle(engine_url)
+        await task
+        assert sample.status == "aborted" and 0 < sample.response_length < 3_000
+        assert len(sample.log_probs) == sample.response_length
+        ids = [[t[1] for t in c["meta_info"]["output_token_logprobs"]] for c in chunks]
+        for before, after in itertools.pairwise(ids):
+            assert after[: len(before)] == before and len(after) >= len(before)  # cumulative
+        assert ids[-1] == sample.tokens[len(sample.prompt_ids) :]
+    finally:
+        await slime.close()
+
+
+@pytest.mark.looptime
+async def test_an_agent_adapters_timed_out_turn_is_aborted_on_the_engine_by_its_rid(
+    make_cluster: MakeCluster, make_gateway: MakeGateway
+) -> None:
+    """`call_sglang_generate`: a turn with the adapter's own `rid` and a 900 s read timeout; the agent gives up
+    (the task is cancelled), and the adapter posts `/abort_request {"rid": rid}` to the router. The engine
+    stops generating at once, though the gateway would wait 600 s (its retry grace here) for a retry of a
+    call whose client left: the rid names the call."""
+    cluster = await make_cluster(engines=1, api="sglang", time_scale=SCALE)
+    gateway = await make_gateway(
+        cluster, admin_token=ADMIN_TOKEN, trusted_networks=CLUSTER_NETWORK, retry_grace=600.0
+    )
+    rid = uuid.uuid4().hex
+    body = {
+        "rid": rid,
+        "input_ids": list(range(1, 50)),
+        "sampling_params": sampling_params(5_000),
+        "return_logprob": True,
+    }
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=900)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def turn() -> Any:
+            async with session.post(
+                f"{gateway.url}/generate", json=body, headers={"X-SMG-Routing-Key": "agent-7"}
+            ) as response:
+                return await response.json(content_type=None)
+
+        task = asyncio.create_task(turn())
+        (engine_url,) = cluster.urls
+        await wait_running(cluster, engine_url)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s2,
+            s2.post(f"{gateway.url}/abort_request", json={"rid": rid}) as aborted,
+        ):
+            assert aborted.status == 200
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await wait_until(lambda: cluster.engines[0].running_count == 0, timeout_s=5.0)
+        assert loop.time() - started < 5.0  # far below the 600 s grace
