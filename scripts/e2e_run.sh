@@ -39,7 +39,7 @@ start_engine() {  # index port cpu
         TMPDIR="$dir/tmp" VLLM_RPC_BASE_PATH="$dir/tmp" VLLM_CACHE_ROOT="$dir/cache" \
         setsid nice -n "$ENGINE_NICE" "$ENGINE_PYTHON" -m vllm.entrypoints.openai.api_server \
         --model "$MODEL" --host 127.0.0.1 --port "$port" --served-model-name tiny --dtype float32 \
-        --max-model-len "$MAX_MODEL_LEN" --enforce-eager --enable-request-id-headers --max-num-seqs "$MAX_NUM_SEQS" ${E2E_ENGINE_ARGS:-} \
+        --max-model-len "$MAX_MODEL_LEN" --enforce-eager --enable-request-id-headers --enable-scale-out --max-num-seqs "$MAX_NUM_SEQS" ${E2E_ENGINE_ARGS:-} \
         </dev/null >"$WORK/engine-$i.log" 2>&1 &
     echo $! >"$WORK/run/engine-$i.pid"  # setsid and nice exec in place: this is the server, leader of its group
 }

@@ -49,6 +49,8 @@ _LIMIT_FIELDS = {
     Route.CHAT: ("max_completion_tokens", "max_tokens"),
     Route.COMPLETIONS: ("max_tokens",),
 }
+# the routes whose output limit is a field of `sampling_params`: SGLang's and vLLM's names for it
+_SAMPLING_LIMIT_FIELDS = {Route.GENERATE: "max_new_tokens", Route.TOKENS: "max_tokens"}
 
 
 def parse_max_seq_len(value: Any, *, param: str) -> int | None:
@@ -115,17 +117,18 @@ def cap(
     where it changes; `body` is not modified), and the decision. Raises BadRequest for a batch `/generate`
     (several prompts, one budget: send them one by one)."""
     allowed = max(0, max_seq_len - prompt_tokens)
-    if route is Route.GENERATE:
+    sampled_limit = _SAMPLING_LIMIT_FIELDS.get(route)
+    if sampled_limit is not None:
         params = body.get("sampling_params")
         if isinstance(params, list) or _is_batch(body):
             raise BadRequest(f"{HEADER} budgets one prompt; send a batch's prompts one by one", param=HEADER)
         params = params if isinstance(params, dict) else {}
-        asked = params.get("max_new_tokens")
+        asked = params.get(sampled_limit)
         decision = BudgetCap(
             max_seq_len=max_seq_len, prompt_tokens=prompt_tokens, asked=asked, allowed=allowed
         )
         if asked != decision.limit:
-            body = {**body, "sampling_params": {**params, "max_new_tokens": decision.limit}}
+            body = {**body, "sampling_params": {**params, sampled_limit: decision.limit}}
         return body, decision
     fields = _LIMIT_FIELDS[route]
     limits = [body[f] for f in fields if body.get(f) is not None]

@@ -1,4 +1,4 @@
-"""`/v1/chat/completions` and `/v1/completions` for both flavours.
+"""`/v1/chat/completions` and `/v1/completions` for both flavours, and vLLM's `/inference/v1/generate`.
 
 Differences that matter to a gateway, all kept: SGLang takes the rid from the body (`rid`) and answers with
 `id` = rid; vLLM takes it from `X-Request-Id` (or `request_id`) and answers `chatcmpl-<id>` / `cmpl-<id>`.
@@ -30,9 +30,9 @@ from rolloutsim.http_common import (
     sse_headers,
     wait_change,
 )
-from rolloutsim.output import OpenAIFormatter
+from rolloutsim.output import OpenAIFormatter, TokensFormatter
 from rolloutsim.output_path import token_ready_at
-from rolloutsim.params import BadRequest, GenParams, parse_chat, parse_completion
+from rolloutsim.params import BadRequest, GenParams, parse_chat, parse_completion, parse_tokens
 from rolloutsim.request import ONLY_AT_END, SimRequest
 
 if TYPE_CHECKING:
@@ -68,6 +68,10 @@ class OpenAIRoutes:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "completion")
 
+    async def tokens(self, request: web.Request) -> web.StreamResponse:
+        """vLLM's token-in/token-out route (`generate-tokens-<id>` names the request)."""
+        return await self._serve(request, "tokens")
+
     def _rid(self, request: web.Request, body: dict[str, object]) -> str:
         if self.flavour == "vllm":
             given = request.headers.get("X-Request-Id") or body.get("request_id")
@@ -89,9 +93,8 @@ class OpenAIRoutes:
         engine = self.engine
         try:
             body = await read_json(request)
-            params = (
-                parse_chat(body, engine.config) if kind == "chat" else parse_completion(body, engine.config)
-            )
+            parse = {"chat": parse_chat, "completion": parse_completion, "tokens": parse_tokens}[kind]
+            params = parse(body, engine.config)
             asks_ids = params.return_meta_info or params.return_token_ids or params.return_prompt_token_ids
             if self.flavour == "sglang" and kind == "chat" and params.stream and asks_ids:
                 raise BadRequest("return_meta_info / return_token_ids are not supported with streaming")
@@ -141,14 +144,20 @@ class OpenAIRoutes:
         model_name = (
             params.model if self.flavour == "sglang" and params.model else engine.config.served_model_name
         )
-        fmt = OpenAIFormatter(
-            flavour=self.flavour,
-            kind=kind,
-            req=req,
-            params=params,
-            model_name=str(model_name),
-            weight_version=engine.weight_version,
-        )
+        fmt: OpenAIFormatter | TokensFormatter
+        if kind == "tokens":
+            fmt = TokensFormatter(
+                req=req, params=params, model_name=str(model_name), weight_version=engine.weight_version
+            )
+        else:
+            fmt = OpenAIFormatter(
+                flavour=self.flavour,
+                kind=kind,
+                req=req,
+                params=params,
+                model_name=str(model_name),
+                weight_version=engine.weight_version,
+            )
         headers = {"X-Request-Id": rid} if self.flavour == "vllm" else None
         try:
             if not params.stream:
@@ -173,7 +182,7 @@ class OpenAIRoutes:
         self,
         request: web.Request,
         req: SimRequest,
-        fmt: OpenAIFormatter,
+        fmt: OpenAIFormatter | TokensFormatter,
         params: GenParams,
         listener: asyncio.Event,
         headers: dict[str, str] | None,

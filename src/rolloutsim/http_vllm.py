@@ -1,4 +1,5 @@
 """vLLM's OpenAI server (0.33 shapes, reference/engines.md section C) over a simulated engine, including the
+token-in/token-out `/inference/v1/generate` with `/inference/v1/abort_requests` (always served), and the
 dev-mode RL routes (`/pause`, `/resume`, `/is_paused`, `/abort_requests`, weight version)."""
 
 from __future__ import annotations
@@ -103,11 +104,20 @@ class VLLMRoutes:
         aborted = 0
         for given in ids:
             rid = str(given)
-            for prefix in ("chatcmpl-", "cmpl-"):  # external ids may carry the response id's prefix
+            for prefix in (
+                "chatcmpl-",
+                "cmpl-",
+                "generate-tokens-",
+            ):  # external ids may carry the response id's prefix
                 if not self.engine.model.is_live(rid) and rid.startswith(prefix):
                     rid = rid[len(prefix) :]
             aborted += self.engine.abort(rid)
         return json_response({"status": "aborted", "aborted": aborted})
+
+    async def abort_requests_quietly(self, request: web.Request) -> web.Response:
+        """`/inference/v1/abort_requests`: the same abort, answered 200 with no body (vLLM's)."""
+        answer = await self.abort_requests(request)
+        return answer if answer.status != 200 else web.Response(status=200)
 
     async def reset_prefix_cache(self, _request: web.Request) -> web.Response:
         return json_response({"success": self.engine.flush_cache()})
@@ -167,6 +177,8 @@ def build_app(engine: SimEngine) -> web.Application:
     app = web.Application(client_max_size=1 << 30)
     app.router.add_post("/v1/chat/completions", openai.chat)
     app.router.add_post("/v1/completions", openai.completions)
+    app.router.add_post("/inference/v1/generate", openai.tokens)
+    app.router.add_post("/inference/v1/abort_requests", routes.abort_requests_quietly)
     app.router.add_get("/health", routes.health)
     app.router.add_get("/ping", ping)
     app.router.add_post("/ping", ping)

@@ -299,3 +299,100 @@ class OpenAIFormatter:
         body["choices"] = []
         body["usage"] = self.usage()
         return body
+
+
+class TokensFormatter:
+    """Builds one request's bodies for vLLM's token-in/token-out `/inference/v1/generate` (vLLM 0.32
+    `scale_out/token_in_token_out`: GenerateTokensResponse, GenerateTokensStreamResponse), in their field
+    order. Its streaming chunks carry the new ids; there is no role chunk."""
+
+    kind = "tokens"
+
+    def __init__(self, *, req: SimRequest, params: GenParams, model_name: str, weight_version: str) -> None:
+        self.req = req
+        self.params = params
+        self.model_name = model_name
+        self.weight_version = weight_version
+        self.created = int(time.time())
+        self.view = TokenView(req)
+        self.id = f"generate-tokens-{req.rid}"
+
+    def usage(self) -> dict[str, Any]:
+        req = self.req
+        return {
+            "prompt_tokens": req.prompt_tokens,
+            "total_tokens": req.prompt_tokens + req.completion_tokens,
+            "completion_tokens": req.completion_tokens,
+            "prompt_tokens_details": None,
+        }
+
+    def _choice(self, start: int, end: int, *, final: bool) -> dict[str, Any]:
+        view = self.view
+        view.upto(end)
+        finish = self.req.finish if final else None
+        logprobs = None
+        if self.params.logprobs:
+            top = self.params.top_logprobs
+            content = []
+            for i in range(start, end):
+                alternatives = view.alternatives(i, max(top, 1))  # vLLM: at least the sampled token
+                content.append(
+                    {
+                        "token_id": view.ids[i],
+                        "logprob": view.logprob(i),
+                        "rank": 1,
+                        "top_logprobs": [
+                            {"token_id": t, "logprob": lp, "rank": rank + 1}
+                            for rank, (lp, t) in enumerate(alternatives)
+                        ],
+                    }
+                )
+            logprobs = {"content": content}
+        return {
+            "index": 0,
+            "finish_reason": None if finish is None else finish.openai,
+            "stop_reason": None,
+            "token_ids": view.ids[start:end],
+            "routed_experts": None,
+            "sampling_mask": None,
+            "weight_versions": None,
+            "logprobs": logprobs,
+        }
+
+    def whole(self) -> dict[str, Any]:
+        """The non-streaming response (every field rendered, nulls included, as vLLM's JSONResponse does)."""
+        count = self.req.completion_tokens
+        choice = self._choice(0, count, final=True)
+        choice["finish_reason"] = choice["finish_reason"] or "stop"
+        return {
+            "request_id": self.id,
+            "model": self.model_name,
+            "created": self.created,
+            "usage": self.usage(),
+            "prompt_logprobs": None,
+            "prompt_token_id_logprobs": None,
+            "prompt_token_ids": self.params.prompt_ids if self.params.return_prompt_token_ids else None,
+            "mm_placeholders": None,
+            "metrics": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "output_mode": "tokens",
+            "choices": [choice],
+        }
+
+    def role_chunk(self) -> dict[str, Any]:
+        raise AssertionError("the tokens route has no role chunk")
+
+    def delta_chunk(self, start: int, end: int, *, final: bool) -> dict[str, Any]:
+        """Tokens [start, end) as one chunk; `final` adds the finish reason. The prompt's ids, when asked,
+        ride on the first chunk only."""
+        body: dict[str, Any] = {"request_id": self.id, "usage": None}
+        if start == 0 and self.params.return_prompt_token_ids:
+            body["prompt_token_ids"] = self.params.prompt_ids
+        body["output_mode"] = "tokens"
+        body["choices"] = [self._choice(start, end, final=final)]
+        return body
+
+    def usage_chunk(self) -> dict[str, Any]:
+        usage = {key: value for key, value in self.usage().items() if value is not None}  # exclude_none
+        return {"request_id": self.id, "usage": usage, "output_mode": "tokens", "choices": []}

@@ -8,7 +8,7 @@ from typing import Any
 from rolloutsim import tokens
 from rolloutsim.profiles import SimEngineConfig
 
-__all__ = ("BadRequest", "GenParams", "parse_chat", "parse_completion", "parse_generate")
+__all__ = ("BadRequest", "GenParams", "parse_chat", "parse_completion", "parse_generate", "parse_tokens")
 
 
 class BadRequest(Exception):
@@ -74,6 +74,38 @@ def _check_length(prompt_ids: list[int], max_new: int, config: SimEngineConfig) 
 
 def _interval(value: Any) -> int:
     return 1 if value is None else _int(value, "stream_interval", minimum=1)
+
+
+def parse_tokens(body: dict[str, Any], config: SimEngineConfig) -> GenParams:
+    """vLLM's token-in/token-out `/inference/v1/generate` (vLLM 0.32 `scale_out/token_in_token_out`
+    protocol.py): `token_ids`, `sampling_params` (vLLM's: `max_tokens`, `logprobs` the number of top
+    logprobs, `ignore_eos`), `stream`, `stream_options`, `return_token_ids` (the prompt's ids in the answer)."""
+    prompt_ids = _token_ids(body.get("token_ids"), "token_ids", config.vocab_size)
+    sampling = body.get("sampling_params")
+    if not isinstance(sampling, dict):
+        raise BadRequest("sampling_params: Field required", param="sampling_params")
+    if _int(sampling.get("n", 1), "n", minimum=1) != 1:
+        raise BadRequest("n > 1 is not supported by the simulator", param="n")
+    raw_max = sampling.get("max_tokens")
+    if raw_max is None:
+        max_new = max(0, min(config.default_max_new_tokens, config.context_len - len(prompt_ids)))
+    else:
+        max_new = _int(raw_max, "max_tokens")
+    _check_length(prompt_ids, max_new, config)
+    logprobs = sampling.get("logprobs")
+    options = body.get("stream_options") or {}
+    return GenParams(
+        prompt_ids=prompt_ids,
+        max_new_tokens=max_new,
+        stream=bool(body.get("stream", False)),
+        ignore_eos=bool(sampling.get("ignore_eos", False)),
+        logprobs=logprobs is not None,
+        top_logprobs=0 if logprobs is None else _int(logprobs, "logprobs", minimum=-1),
+        include_usage=bool(options.get("include_usage", False)) if isinstance(options, dict) else False,
+        return_token_ids=True,  # the route's answer always carries the output ids
+        return_prompt_token_ids=bool(body.get("return_token_ids", False)),
+        model=body.get("model"),
+    )
 
 
 def parse_generate(body: dict[str, Any], config: SimEngineConfig) -> tuple[list[GenParams], bool]:

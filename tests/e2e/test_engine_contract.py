@@ -263,3 +263,35 @@ async def test_weight_version_update(engines: EngineSet) -> None:
         response = await client.post(url + "/update_weight_version", json={"new_version": "e2e-v7"})
         assert response.status_code == 200
         assert (await client.get(url + "/weight_info")).json()["weight_version"] == "e2e-v7"
+
+
+TOKEN_IDS = [10, 20, 30, 40, 50]  # inside the tiny model's vocabulary (2,048 ids)
+
+
+async def test_tokens_route_answers_ids_and_logprobs_whole_and_streamed(engines: EngineSet) -> None:
+    """vLLM's token-in/token-out `/inference/v1/generate` (served with `--enable-scale-out`; SkyRL's and
+    prime-rl's rollouts): the request named `generate-tokens-<X-Request-Id>`, ids and their logprobs in the
+    choice, the stream's chunks carrying the new ids and ending with the usage frame and `[DONE]`."""
+    url = engines.urls[0] + "/inference/v1/generate"
+    params = {"max_tokens": 6, "ignore_eos": True, "logprobs": 0, "temperature": 0.0}
+    payload = {"model": engines.model, "token_ids": TOKEN_IDS, "sampling_params": params}
+    async with httpx.AsyncClient(timeout=120.0) as client:
+        whole = await client.post(url, json=payload, headers={"X-Request-Id": "e2e-tokens"})
+        streamed = await client.post(
+            url, json={**payload, "stream": True, "stream_options": {"include_usage": True}}
+        )
+    assert whole.status_code == 200, whole.text
+    answer = whole.json()
+    assert answer["request_id"] == "generate-tokens-e2e-tokens" and answer["output_mode"] == "tokens"
+    [choice] = answer["choices"]
+    assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 6
+    assert [entry["token_id"] for entry in choice["logprobs"]["content"]] == choice["token_ids"]
+    assert answer["usage"]["completion_tokens"] == 6 and answer["usage"]["prompt_tokens"] == len(TOKEN_IDS)
+    assert streamed.status_code == 200 and streamed.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(streamed.text)
+    assert events[-1] == "[DONE]"
+    chunks = [orjson.loads(e) for e in events[:-1]]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
+    ids = [i for chunk in chunks[:-1] for i in chunk["choices"][0]["token_ids"]]
+    assert len(ids) == 6 and chunks[-2]["choices"][0]["finish_reason"] == "length"
+    print(f"greedy ids whole {choice['token_ids']}, streamed {ids}")

@@ -138,7 +138,8 @@ async def test_abort_names_every_id_form_and_tolerates_no_dev_mode(
     await client.abort("gw-2")  # 404 without VLLM_SERVER_DEV_MODE: no error
     fake.on_json("POST", "/abort_requests", {"status": "aborted", "aborted": 1})
     await client.abort("gw-2")
-    assert fake.last("/abort_requests").body == {"request_ids": ["gw-2", "chatcmpl-gw-2", "cmpl-gw-2"]}
+    ids = ["gw-2", "chatcmpl-gw-2", "cmpl-gw-2", "generate-tokens-gw-2"]
+    assert fake.last("/abort_requests").body == {"request_ids": ids}
 
 
 async def test_readiness_from_is_paused_in_dev_mode_only(fake: FakeEngine, client: VllmClient) -> None:

@@ -106,4 +106,6 @@ def test_an_engine_process_killed_at_token_12000_of_16000_costs_no_token_twice(
     # from a checkpoint chunk the gateway had read (what the dead engine made after it is made twice: it depends
     # on how far the gateway's reading lagged, a matter of load, so it is printed, not bounded)
     assert carried >= CHECKPOINT and carried % CHECKPOINT == 0
-    print(f"\ncontinued from token {carried:,}; the dead engine had made at least {made:,} (its last reading)")
+    print(
+        f"\ncontinued from token {carried:,}; the dead engine had made at least {made:,} (its last reading)"
+    )

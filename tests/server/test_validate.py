@@ -25,7 +25,9 @@ _VALUES = st.one_of(
     st.floats(allow_nan=False, min_value=-1, max_value=3),
     st.text(max_size=3),
     st.lists(st.integers(0, 9), max_size=2),
-    st.dictionaries(st.sampled_from(["max_new_tokens", "role", "x"]), st.integers(-1, 1500), max_size=2),
+    st.dictionaries(
+        st.sampled_from(["max_new_tokens", "max_tokens", "n", "role", "x"]), st.integers(-1, 1500), max_size=2
+    ),
 )
 _FIELDS = [
     "stream",
@@ -41,6 +43,8 @@ _FIELDS = [
     "input_ids",
     "sampling_params",
     "rid",
+    "token_ids",
+    "request_id",
 ]
 
 
@@ -78,6 +82,21 @@ def _reference(route: Route, body: dict[str, Any], limit: int) -> None:
         prompt = body.get("prompt")
         if not isinstance(prompt, str | list) or (isinstance(prompt, list) and not prompt):
             raise BadRequest("prompt", param="prompt", code="invalid_type")
+    elif route is Route.TOKENS:
+        ids = body.get("token_ids")
+        if not isinstance(ids, list) or not ids:
+            raise BadRequest("token_ids", param="token_ids", code="invalid_type")
+        params = body.get("sampling_params")
+        if not isinstance(params, dict):
+            raise BadRequest("sampling_params", param="sampling_params", code="invalid_type")
+        expect("request_id", str, "a string")
+        max_tokens = params.get("max_tokens")
+        if max_tokens is not None and (
+            not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 0 <= max_tokens <= limit
+        ):
+            raise BadRequest("max_tokens", param="sampling_params.max_tokens", code="invalid_value")
+        if params.get("n") not in (None, 1):
+            raise BadRequest("n", param="sampling_params.n", code="invalid_value")
     else:
         if isinstance(body.get("text"), str | list) == isinstance(body.get("input_ids"), list):
             raise BadRequest("text", param="text", code="invalid_type")

@@ -266,3 +266,54 @@ async def test_refuse_fault_answers_with_the_flavours_error(
     assert (await post_json(session, cluster.urls[0] + "/v1/chat/completions", CHAT | {"max_tokens": 2}))[
         0
     ] == 200
+
+
+TOKENS = {"token_ids": [5, 6, 7, 8], "sampling_params": {"max_tokens": 5, "ignore_eos": True, "logprobs": 0}}
+
+
+async def test_tokens_route_answers_ids_and_logprobs_whole_and_streamed_alike(
+    make_cluster: ClusterFactory, session: aiohttp.ClientSession
+) -> None:
+    """`/inference/v1/generate` (vLLM 0.32 token_in_token_out): the same ids and logprobs either way, named
+    `generate-tokens-<X-Request-Id>`; the prompt's ids on the first chunk when asked; the usage frame last."""
+    cluster = await make_cluster(api="vllm", time_scale=SCALE)
+    url = cluster.urls[0] + "/inference/v1/generate"
+    async with session.post(url, json=TOKENS, headers={"X-Request-Id": "w"}) as response:
+        assert response.status == 200
+        whole = await response.json()
+    assert whole["request_id"] == "generate-tokens-w" and whole["output_mode"] == "tokens"
+    [choice] = whole["choices"]
+    assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 5
+    assert [entry["token_id"] for entry in choice["logprobs"]["content"]] == choice["token_ids"]
+    assert whole["usage"]["completion_tokens"] == 5 and whole["prompt_token_ids"] is None
+    streamed = TOKENS | {"stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+    async with session.post(url, json=streamed, headers={"X-Request-Id": "s"}) as response:
+        events = await read_sse(response)
+    assert events[-1] == "[DONE]" and events[-2]["choices"] == []
+    assert events[-2]["usage"]["completion_tokens"] == 5
+    chunks = events[:-2]
+    assert chunks[0]["prompt_token_ids"] == TOKENS["token_ids"]
+    assert all("prompt_token_ids" not in chunk for chunk in chunks[1:])
+    assert [i for c in chunks for i in c["choices"][0]["token_ids"]] == choice["token_ids"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert {chunk["request_id"] for chunk in chunks} == {"generate-tokens-s"}
+
+
+async def test_tokens_route_refuses_a_body_without_sampling_params_and_aborts_by_its_name(
+    make_cluster: ClusterFactory, session: aiohttp.ClientSession
+) -> None:
+    cluster = await make_cluster(api="vllm", time_scale=SCALE)
+    url = cluster.urls[0]
+    status, body = await post_json(session, url + "/inference/v1/generate", {"token_ids": [1, 2]})
+    assert status == 400 and body["error"]["param"] == "sampling_params"
+    long_call = TOKENS | {"sampling_params": {"max_tokens": 5000, "ignore_eos": True}}
+    call = asyncio.create_task(
+        post_json(session, url + "/inference/v1/generate", long_call, headers={"X-Request-Id": "long"})
+    )
+    await wait_running(cluster.engines[0])
+    async with session.post(
+        url + "/inference/v1/abort_requests", json={"request_ids": ["generate-tokens-long"]}
+    ) as response:
+        assert response.status == 200 and await response.read() == b""  # vLLM answers it with no body
+    status, body = await call
+    assert status == 200 and body["choices"][0]["finish_reason"] == "abort"

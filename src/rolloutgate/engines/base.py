@@ -52,6 +52,7 @@ class Route(enum.Enum):
     CHAT = "/v1/chat/completions"
     COMPLETIONS = "/v1/completions"
     GENERATE = "/generate"  # SGLang native
+    TOKENS = "/inference/v1/generate"  # vLLM's token-in/token-out route (SkyRL, prime-rl)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -28,7 +28,7 @@ from rolloutgate.engines.base import (
 )
 from rolloutgate.engines.generation import EndSink, EventSink, OpenAIDecoder, UpstreamHandle, refuse
 from rolloutgate.engines.http import fetch_models, generates_one, is_ok
-from rolloutgate.engines.openai_stream import client_wants_usage, generate_unsupported, upstream_body
+from rolloutgate.engines.openai_stream import client_wants_usage, route_unsupported, upstream_body
 from rolloutgate.engines.push_call import start_generation
 
 __all__ = ("OpenAICompatClient",)
@@ -41,8 +41,8 @@ class OpenAICompatClient(EngineAdapter):
     reports_load = False  # no load endpoint: every call streams, its events are its progress
 
     def start(self, call: UpstreamCall, on_events: EventSink, on_end: EndSink) -> UpstreamHandle:
-        if call.route is Route.GENERATE:
-            return refuse(generate_unsupported("this OpenAI-compatible engine"), on_end)
+        if call.route in (Route.GENERATE, Route.TOKENS):
+            return refuse(route_unsupported("this OpenAI-compatible engine", call.route.value), on_end)
         return start_generation(
             self._upstream,
             call.route.value,

@@ -15,7 +15,7 @@ import orjson
 
 from rolloutgate.engines.base import UpstreamError
 
-__all__ = ("client_wants_usage", "generate_unsupported", "upstream_body")
+__all__ = ("client_wants_usage", "route_unsupported", "upstream_body")
 
 
 def client_wants_usage(body: Mapping[str, Any]) -> bool:
@@ -39,9 +39,10 @@ def upstream_body(body: Mapping[str, Any], *, stream: bool | None = None) -> dic
     return rewritten
 
 
-def generate_unsupported(family: str) -> UpstreamError:
-    """The error of a `/generate` call on an engine without that route (non-retryable 400, OpenAI body)."""
-    message = f"{family} has no /generate route; use /v1/completions or /v1/chat/completions"
+def route_unsupported(family: str, route: str) -> UpstreamError:
+    """The error of a call on an engine without its route (`/generate` on vLLM, vLLM's
+    `/inference/v1/generate` on SGLang): a non-retryable 400 with an OpenAI body."""
+    message = f"{family} has no {route} route; use /v1/completions or /v1/chat/completions"
     body = orjson.dumps(
         {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": 400}}
     )

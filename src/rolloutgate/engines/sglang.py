@@ -53,6 +53,7 @@ from rolloutgate.engines.generation import (
     GenerateDecoder,
     OpenAIDecoder,
     UpstreamHandle,
+    refuse,
 )
 from rolloutgate.engines.http import (
     ControlTimeouts,
@@ -68,7 +69,7 @@ from rolloutgate.engines.http import (
     status_of,
     vocab_size_of,
 )
-from rolloutgate.engines.openai_stream import client_wants_usage, upstream_body
+from rolloutgate.engines.openai_stream import client_wants_usage, route_unsupported, upstream_body
 from rolloutgate.engines.push_call import start_generation
 
 __all__ = ("SglangClient", "aborted_in_queue", "decode_tokens")
@@ -127,6 +128,8 @@ class SglangClient(EngineAdapter):
     # -- generation ------------------------------------------------------------------------------------
 
     def start(self, call: UpstreamCall, on_events: EventSink, on_end: EndSink) -> UpstreamHandle:
+        if call.route is Route.TOKENS:
+            return refuse(route_unsupported("SGLang", call.route.value), on_end)
         if call.route is Route.GENERATE:
             decoder: EventDecoder = GenerateDecoder(self._hint)
             first_and_last = self.reports_load  # else every chunk: the events are the only progress

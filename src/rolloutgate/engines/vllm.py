@@ -7,6 +7,9 @@ Theory of operation (facts from reference/engines.md, section C):
   first data chunk at the first token. Per-chunk usage (`continuous_usage_stats`) is not requested: it would
   change every chunk the client sees; the final usage frame corrects the per-chunk count
   (engines/progress.py).
+- Token-in/token-out `/inference/v1/generate` (SkyRL's and prime-rl's rollouts) goes as the OpenAI routes do
+  (`X-Request-Id`; vLLM names it `generate-tokens-<id>`): its stream chunks carry `choices` as completions'
+  do, with `token_ids` for text, and end with the usage frame.
 - vLLM has no `/generate`: such a call fails with a non-retryable 400 before anything is sent.
 - Abort: closing the upstream connection aborts the request in vLLM (the server cancels the generation
   task, which closes the stream). `abort()` also posts `/abort_requests` (only served with
@@ -46,7 +49,7 @@ from rolloutgate.engines.http import (
     parse_prometheus,
     positive_int,
 )
-from rolloutgate.engines.openai_stream import client_wants_usage, generate_unsupported, upstream_body
+from rolloutgate.engines.openai_stream import client_wants_usage, route_unsupported, upstream_body
 from rolloutgate.engines.push_call import start_generation
 
 __all__ = ("VllmClient", "vllm_capacity")
@@ -75,7 +78,7 @@ class VllmClient(EngineAdapter):
 
     def start(self, call: UpstreamCall, on_events: EventSink, on_end: EndSink) -> UpstreamHandle:
         if call.route is Route.GENERATE:
-            return refuse(generate_unsupported("vLLM"), on_end)
+            return refuse(route_unsupported("vLLM", call.route.value), on_end)
         return start_generation(
             self._upstream,
             call.route.value,
@@ -88,7 +91,7 @@ class VllmClient(EngineAdapter):
         )
 
     async def abort(self, request_id: str) -> None:
-        ids = [request_id, f"chatcmpl-{request_id}", f"cmpl-{request_id}"]
+        ids = [request_id, f"chatcmpl-{request_id}", f"cmpl-{request_id}", f"generate-tokens-{request_id}"]
         try:
             await self.control("/abort_requests", {"request_ids": ids}, timeout_s=self._timeouts.abort_s)
         except UpstreamError as error:

@@ -111,6 +111,8 @@ def continuation_body(
         if "max_tokens" in body:
             new["max_tokens"] = _remaining(body["max_tokens"], delivered_tokens)
         return new, None
+    if route is Route.TOKENS:
+        return _continued_tokens(body, answer), None
     if isinstance(answer, list):
         raise CannotContinue("batch /generate streams cannot be continued")
     ids = list(answer.get("output_ids") or [])
@@ -132,6 +134,25 @@ def continuation_body(
     return new, GenerateStitcher(
         ids=ids, text=text, tokens=tokens, meta=meta if isinstance(meta, dict) else {}
     )
+
+
+def _continued_tokens(body: dict[str, Any], answer: Any) -> dict[str, Any]:
+    """vLLM's `/inference/v1/generate` from its last token: the ids made so far appended to the prompt, the
+    rest of `max_tokens` asked. Its stream is of deltas, so the next attempt's chunks follow the client's as
+    they come; the prompt's ids (`return_token_ids`) went out on the first attempt's first chunk."""
+    ids = answer["choices"][0].get("token_ids") or []
+    prompt_ids = token_ids_of(body.get("token_ids"))
+    if not isinstance(prompt_ids, list) or not ids:
+        raise CannotContinue("this /inference/v1/generate request cannot be continued")
+    params = dict(body.get("sampling_params") or {})
+    if "max_tokens" in params:
+        params["max_tokens"] = _remaining(params["max_tokens"], len(ids))
+    return {
+        **body,
+        "token_ids": compact_json([*prompt_ids, *ids]),
+        "sampling_params": params,
+        "return_token_ids": False,
+    }
 
 
 @dataclass(slots=True)

@@ -541,6 +541,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post(Route.CHAT.value, _inference(Route.CHAT))
     app.router.add_post(Route.COMPLETIONS.value, _inference(Route.COMPLETIONS))
     app.router.add_post(Route.GENERATE.value, _inference(Route.GENERATE))
+    app.router.add_post(Route.TOKENS.value, _inference(Route.TOKENS))
     app.router.add_get("/v1/models", guarded(list_models))
     app.router.add_get("/health", guarded(health))
     app.router.add_get("/ready", guarded(ready))

@@ -37,7 +37,11 @@ __all__ = (
 
 FIELD_WISE_FROM = 4096  # bytes: from here a field-wise parse is cheaper than one orjson.loads (docstring)
 
-IDS_FIELD = {Route.GENERATE: "input_ids", Route.COMPLETIONS: "prompt"}  # where a route's prompt ids go
+IDS_FIELD = {
+    Route.GENERATE: "input_ids",
+    Route.COMPLETIONS: "prompt",
+    Route.TOKENS: "token_ids",
+}  # where a route's prompt ids go
 
 _TOP_LEVEL = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _DIGITS_AND_SPACE = b"0123456789 \t\r\n"

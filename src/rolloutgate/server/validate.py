@@ -153,6 +153,8 @@ def validate_body(
         check_token_ids("prompt", prompt, vocab_size, takes_texts=True)
         if "input_ids" in body:  # the simulator, as SGLang's chat, takes the prompt's ids here too
             check_token_ids("input_ids", body["input_ids"], vocab_size)
+    elif route is Route.TOKENS:
+        _validate_tokens(body, settings, vocab_size)
     else:  # /generate
         has_text = isinstance(body.get("text"), str | list)
         has_ids = isinstance(body.get("input_ids"), list | orjson.Fragment)  # a Fragment: kept ids
@@ -177,6 +179,32 @@ def validate_body(
                 code="invalid_value",
             )
         check_token_ids("input_ids", body.get("input_ids"), vocab_size)
+
+
+def _validate_tokens(body: dict[str, Any], settings: GatewaySettings, vocab_size: int | None) -> None:
+    """vLLM's `/inference/v1/generate`: one prompt of ids (`token_ids`) and vLLM's `sampling_params`, which
+    the route requires (vLLM 0.32 `GenerateRequest`)."""
+    ids = body.get("token_ids")
+    if not isinstance(ids, list | orjson.Fragment) or ids == []:
+        raise BadRequest("'token_ids' must be a non-empty array", param="token_ids", code="invalid_type")
+    params = body.get("sampling_params")
+    if not isinstance(params, dict):
+        raise BadRequest("'sampling_params' must be an object", param="sampling_params", code="invalid_type")
+    _expect(body, "request_id", (str,), "a string")
+    limit = params.get("max_tokens")
+    if limit is not None and (not _is_a(limit, (int,)) or not 0 <= limit <= settings.max_tokens_limit):
+        raise BadRequest(
+            f"'sampling_params.max_tokens' must be an integer between 0 and {settings.max_tokens_limit}",
+            param="sampling_params.max_tokens",
+            code="invalid_value",
+        )
+    if params.get("n") not in (None, 1):
+        raise BadRequest(
+            "only n=1 is supported; send n requests instead", param="sampling_params.n", code="invalid_value"
+        )
+    if isinstance(ids, list) and ids and all(type(prompt) is list for prompt in ids):
+        raise BadRequest("'token_ids' must be one prompt's ids", param="token_ids", code="invalid_type")
+    check_token_ids("token_ids", ids, vocab_size)
 
 
 # -- token ids --------------------------------------------------------------------------------------------

@@ -18,11 +18,10 @@ the same code in the skyrl 0.3.0 wheel:
   `examples/train_integrations/harbor/harbor_generator.py`: a uuid4 hex session per trial attempt, released
   in the attempt's `finally`.
 
-What differs, on purpose: SkyRL's `generate()` (the gym generator's turns) posts token ids to vLLM's
-`/inference/v1/generate`, which rolloutgate does not serve as an inference route (a gap, the last test); the
-turns here use `completion()` with the same token ids as `prompt`, the route rolloutgate does serve. The
-imitation also reads rolloutgate's `X-Rolloutgate-Engine` answer header, which SkyRL ignores, to see where
-each turn ran.
+The gym generator's turns are `generate()`'s `_generate_single`: token ids to vLLM's `/inference/v1/generate`
+(`{"sampling_params", "model", "token_ids"}`, `X-Session-ID`), reading `choices[0].token_ids`,
+`finish_reason` and `logprobs.content[].logprob`. The imitation also reads rolloutgate's
+`X-Rolloutgate-Engine` answer header, which SkyRL ignores, to see where each turn ran.
 """
 
 from __future__ import annotations
@@ -77,6 +76,25 @@ class SkyRLClient:
             headers["X-Session-ID"] = str(session_id)
         return await self._post(f"{self.proxy_url}{path}", body, headers)
 
+    async def generate_single(
+        self, prompt_token_ids: list[int], sampling_params: dict[str, Any], session_id: str | None
+    ) -> tuple[dict[str, Any], str]:
+        """`_generate_single`: its payload, its headers, what it reads of the answer."""
+        payload = {"sampling_params": sampling_params, "model": MODEL, "token_ids": prompt_token_ids}
+        headers = {"Content-Type": "application/json"}
+        if session_id:
+            headers["X-Session-ID"] = str(session_id)
+        response, engine = await self._post(f"{self.proxy_url}/inference/v1/generate", payload, headers)
+        choice = response["choices"][0]
+        logprobs = choice.get("logprobs")
+        content = logprobs.get("content", []) if logprobs is not None else []
+        result = {
+            "stop_reason": choice["finish_reason"],
+            "response_ids": choice["token_ids"],
+            "response_logprobs": [info["logprob"] for info in content] if content else None,
+        }
+        return result, engine
+
     async def completion(self, request_payload: dict[str, Any]) -> tuple[Any, str]:
         return await self._routed("/v1/completions", request_payload)
 
@@ -117,20 +135,11 @@ class Trajectory:
                 if max_tokens is None:
                     done.set_result(None)
                     return
-                body, engine = await self.client.completion(
-                    {
-                        "json": {
-                            "prompt": self.prompt_ids,
-                            "max_tokens": max_tokens,
-                            "ignore_eos": True,
-                            "logprobs": 0,
-                            "return_token_ids": True,
-                            "session_id": self.session_id,
-                        }
-                    }
-                )
+                params = {"max_tokens": max_tokens, "ignore_eos": True, "logprobs": 0}
+                result, engine = await self.client.generate_single(self.prompt_ids, params, self.session_id)
+                assert len(result["response_ids"]) == max_tokens == len(result["response_logprobs"])
                 self.engines.append(engine)
-                self.prompt_ids = self.prompt_ids + body["choices"][0]["token_ids"] + self.OBS_IDS
+                self.prompt_ids = self.prompt_ids + result["response_ids"] + self.OBS_IDS
                 done.set_result(None)
         finally:
             await self.client.finish_session(self.session_id)
@@ -260,28 +269,24 @@ async def test_a_failed_harbor_attempt_is_released_and_its_retry_placed_by_live_
         await client.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gap: rolloutgate serves no /inference/v1/generate (SkyRL's generate() and sample(), prime-rl's "
-    "renderer rollouts); the path falls to the catch-all proxy as engine control (server/front.py "
-    "OPEN_ENGINE_PATHS, proxy_path: admin credentials, no queue, clocks or session placement)",
-)
 @pytest.mark.looptime
-async def test_skyrls_token_in_generate_reaches_placement_without_admin_credentials(
+async def test_skyrls_token_in_generate_is_an_inference_call_placed_by_its_session(
     make_cluster: MakeCluster, make_gateway: MakeGateway
 ) -> None:
-    """`_generate_single`'s call: token ids to `/inference/v1/generate` with `X-Session-ID` and no credentials
-    (SkyRL sends none). Wanted: an inference call, placed by its session. Today, with an admin token set, it
-    is refused 401 as engine control (from loopback without a token it is proxied to an engine unplaced)."""
+    """`_generate_single`'s call carries no credentials (SkyRL sends none): with an admin token set on the
+    gateway, it is still served, as an inference call (the answer names its engine), and placed by its session. It
+    went to the catch-all proxy as engine control before rolloutgate served the route: 401 there."""
     cluster = await make_cluster(engines=2, api="vllm", time_scale=SCALE)
     gateway = await make_gateway(cluster, placement="sticky_least_loaded", admin_token="admin-secret")
-    async with aiohttp.ClientSession() as session:
-        payload = {"sampling_params": {"max_tokens": 8}, "model": MODEL, "token_ids": list(range(1, 30))}
-        async with session.post(
-            f"{gateway.url}/inference/v1/generate",
-            json=payload,
-            headers={"Content-Type": "application/json", "X-Session-ID": "0_0"},
-        ) as resp:
-            await resp.read()
-            assert resp.status != 401
-            assert "X-Rolloutgate-Engine" in resp.headers
+    client = SkyRLClient(gateway.url)
+    try:
+        params = {"max_tokens": 8, "logprobs": 0}
+        first, engine = await client.generate_single(list(range(1, 30)), params, "0_0")
+        assert first["stop_reason"] in ("length", "stop") and first["response_logprobs"]
+        _, other_engine = await client.generate_single(list(range(1, 30)), params, "1_0")
+        assert other_engine != engine  # a second live session goes to the engine holding none
+        for _ in range(3):
+            _, again = await client.generate_single([*range(1, 30), *first["response_ids"]], params, "0_0")
+            assert again == engine
+    finally:
+        await client.close()
