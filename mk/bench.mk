@@ -13,14 +13,17 @@
 #   make bench-tools                  what they drive, installed here (never by the package):
 #     - wrk, with apt-get where it is missing and can be (root, Debian-like); where it cannot, the benchmarks'
 #       Python load generator stands in (benchmarks/perf/load.py) and the report says which ran;
-#     - the SGLang Model Gateway in its own venv ($(ROUTER_VENV), once); where it cannot be installed (no
-#       network, no wheel) the benchmarks leave its rows out.
+#     - the SGLang Model Gateway, two releases each in its own venv, once: `sglang-router` (the package miles
+#       installs, $(ROUTER_VENV)) and `smg` (its newest release, $(SMG_VENV)); where one cannot be installed
+#       (no network, no wheel) the benchmarks leave its rows out.
 # py-spy comes with the `bench` extra (with the replay's and the clients' packages the benchmarks use).
 BENCH_STAMP   := $(VENV)/.installed-bench
 BENCH_ARGS    ?=
 BENCH_RL_ARGS ?=
 ROUTER_VENV   := .venv-bench-router
 ROUTER_STAMP  := $(ROUTER_VENV)/.installed-sglang-router
+SMG_VENV      := .venv-bench-smg
+SMG_STAMP     := $(SMG_VENV)/.installed-smg
 
 .PHONY: bench bench-rl bench-rl-fanout bench-tools wrk
 
@@ -47,7 +50,15 @@ $(ROUTER_STAMP):
 	  $(ROUTER_VENV)/bin/python -c 'import sglang_router' && touch $@ || \
 	  echo "sglang-router could not be installed: the benchmarks leave the SGLang Model Gateway out"
 
-bench-tools: wrk $(ROUTER_STAMP)
+# The newest release of the SGLang Model Gateway (the `smg` package), in a venv of its own beside miles' pin.
+$(SMG_STAMP):
+	@{ test -x $(SMG_VENV)/bin/python || $(PYTHON) -m venv $(SMG_VENV); } && \
+	  echo "installing smg into $(SMG_VENV) (once) ..." && \
+	  $(SMG_VENV)/bin/python -m pip install -q smg && \
+	  $(SMG_VENV)/bin/python -c 'import smg.launch_router' && touch $@ || \
+	  echo "smg could not be installed: the benchmarks leave its rows out"
+
+bench-tools: wrk $(ROUTER_STAMP) $(SMG_STAMP)
 
 bench: $(READY) $(BENCH_STAMP) bench-tools
 	$(BIN)/python -m benchmarks.perf $(BENCH_ARGS)

@@ -1,11 +1,12 @@
-"""The processes a benchmark runs: the simulated engines, the gateway, the SGLang Model Gateway, a benchmark's
-own helper processes; pinning.
+"""The processes a benchmark runs: the simulated engines, the gateway, the SGLang Model Gateway (two releases), a
+benchmark's own helper processes; pinning.
 
 Theory of operation: every server runs in a process of its own, started here and stopped by its pid (never
 by name), so that its CPU time and memory can be read from `/proc/<pid>` (proc.py) without touching the
 others. With two or more CPUs each process is pinned with `taskset`; `repin` moves a running process (and its
 threads) between cells so that one engine process serves every cell of a run. The SGLang Model Gateway runs
-from its own venv, which `make bench-tools` installs (mk/bench.mk); the benchmarks only look for it
+from its own venv, one per release (`ROUTERS`: `sglang-router`, the package miles installs, and `smg`, its
+current release), which `make bench-tools` installs (mk/bench.mk); the benchmarks only look for them
 (`installed_router`). A benchmark's own processes (`python -m benchmarks...`) get this repository on their
 `PYTHONPATH` (`module_command`, `child_env`), wherever they are started from.
 """
@@ -33,8 +34,9 @@ from benchmarks.kit.proc import cpu_count
 
 __all__ = (
     "REPOSITORY",
-    "ROUTER_VENV",
+    "ROUTERS",
     "ManagedProcess",
+    "RouterKind",
     "child_env",
     "free_port",
     "installed_router",
@@ -43,6 +45,7 @@ __all__ = (
     "repin",
     "rolloutgate_process",
     "rolloutgate_subprocess",
+    "router_version",
     "set_log_dir",
     "start_gateway",
     "start_router",
@@ -51,8 +54,29 @@ __all__ = (
 )
 
 REPOSITORY = Path(__file__).resolve().parents[2]  # the folder that holds benchmarks/
-ROUTER_VENV = Path(".venv-bench-router")  # mk/bench.mk ROUTER_VENV
-ROUTER_STAMP = ".installed-sglang-router"  # written there once the router imports (mk/bench.mk)
+
+
+@dataclass(frozen=True, slots=True)
+class RouterKind:
+    """One release of the SGLang Model Gateway: its package, the venv mk/bench.mk installs it in (a stamp file
+    written there once it imports), and the module that launches it (both take the same flags)."""
+
+    name: str
+    venv: Path
+    module: str
+
+    @property
+    def stamp(self) -> Path:
+        return self.venv / f".installed-{self.name}"
+
+
+ROUTERS = {
+    kind.name: kind
+    for kind in (
+        RouterKind("sglang-router", Path(".venv-bench-router"), "sglang_router.launch_router"),  # miles' pin
+        RouterKind("smg", Path(".venv-bench-smg"), "smg.launch_router"),  # the newest release
+    )
+}
 _log_dir: Path | None = None  # where the servers' stderr goes (None: discarded)
 
 
@@ -215,29 +239,44 @@ def _drain_in_background(popen: subprocess.Popen[str]) -> None:
     threading.Thread(target=drain, daemon=True).start()
 
 
-def installed_router(venv: Path = ROUTER_VENV, *, log: Callable[[str], None] = print) -> Path | None:
-    """The SGLang Model Gateway's python, installed by `make bench-tools`; None (and a line on `log`) when it
-    is not there."""
-    python = venv / "bin" / "python"
-    if (venv / ROUTER_STAMP).exists() and python.exists():
+def installed_router(kind: RouterKind, *, log: Callable[[str], None] = print) -> Path | None:
+    """The python of a release of the SGLang Model Gateway, installed by `make bench-tools`; None (and a line
+    on `log`) when it is not there."""
+    python = kind.venv / "bin" / "python"
+    if kind.stamp.exists() and python.exists():
         return python
-    log(f"the SGLang Model Gateway is not installed in {venv} (`make bench-tools`): its rows are left out")
+    log(f"{kind.name} is not installed in {kind.venv} (`make bench-tools`): its rows are left out")
     return None
 
 
+def router_version(python: Path, kind: RouterKind) -> str:
+    """The installed version of `kind`'s package, for the reports."""
+    found = subprocess.run(
+        [str(python), "-c", f"from importlib.metadata import version; print(version({kind.name!r}))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return found.stdout.strip() or "unknown"
+
+
 def start_router(
-    cpus: str | None, engine_urls: list[str], python: Path, policy: str = "round_robin"
+    cpus: str | None,
+    engine_urls: list[str],
+    python: Path,
+    policy: str = "round_robin",
+    kind: RouterKind = ROUTERS["sglang-router"],
 ) -> ManagedProcess:
-    """The SGLang Model Gateway (`sglang_router.launch_router`), bound to loopback, Prometheus moved off
-    its default 0.0.0.0:29000; ready once `/readiness` answers 200 (a worker has been accepted). `policy`:
-    its routing policy; `manual` sticks each `X-SMG-Routing-Key` to a worker (new keys to the worker with the
-    fewest), `cache_aware` is its default prefix-tree policy."""
+    """A release of the SGLang Model Gateway (`kind`), bound to loopback, Prometheus moved off its default
+    0.0.0.0:29000; ready once `/readiness` answers 200 (a worker has been accepted). `policy`: its routing
+    policy; `manual` sticks each `X-SMG-Routing-Key` to a worker (new keys to the worker with the fewest),
+    `cache_aware` is its default prefix-tree policy."""
     port, prometheus_port = free_port(), free_port()
     command = [
         *pin_prefix(cpus),
         str(python),
         "-m",
-        "sglang_router.launch_router",
+        kind.module,
         "--host",
         "127.0.0.1",
         "--port",
@@ -254,14 +293,14 @@ def start_router(
         "--log-level",
         "warn",
     ]
-    popen = _spawn(command, "sglang-router", stdout=subprocess.DEVNULL)
+    popen = _spawn(command, kind.name, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http_ok(url + "/readiness", timeout_s=90, process=popen)
     except RuntimeError:
         popen.kill()
         raise
-    return ManagedProcess("sglang-router", popen, url)
+    return ManagedProcess(kind.name, popen, url)
 
 
 def wait_http_ok(url: str, *, timeout_s: float, process: subprocess.Popen[str] | None = None) -> None:

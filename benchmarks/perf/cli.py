@@ -23,9 +23,11 @@ from typing import Any
 
 from benchmarks.kit.proc import cpu_count, cpu_seconds, machine_description
 from benchmarks.kit.servers import (
+    ROUTERS,
     ManagedProcess,
     installed_router,
     repin,
+    router_version,
     set_log_dir,
     start_gateway,
     start_router,
@@ -109,15 +111,19 @@ def run(args: argparse.Namespace) -> int:
             "parts": list(parts),
         }
     }
-    router_python = None
+    routers: dict[str, Path] = {}  # the SGLang Model Gateway's releases installed, by name: their python
     if not args.no_router and ("throughput" in parts or "inflight" in parts):
-        router_python = installed_router(log=_log)
+        for kind in ROUTERS.values():
+            python = installed_router(kind, log=_log)
+            if python is not None:
+                routers[kind.name] = python
+        results["meta"]["routers"] = {name: router_version(py, ROUTERS[name]) for name, py in routers.items()}
     if "throughput" in parts:
         _log("throughput and latency")
-        results["throughput"] = _throughput(args, use_wrk, router_python)
+        results["throughput"] = _throughput(args, use_wrk, routers)
     if "inflight" in parts:
         _log("streams in flight")
-        results["inflight"] = _inflight(args, router_python)
+        results["inflight"] = _inflight(args, routers)
     if "dispatch" in parts:
         _log("dispatch decision cost")
         sizes = (100, 1_000) if args.quick else (100, 1_000, 10_000, 100_000)
@@ -168,7 +174,7 @@ def _gateway_args(args: argparse.Namespace) -> list[str]:
     return []  # the gateway's defaults
 
 
-def _throughput(args: argparse.Namespace, use_wrk: bool, router_python: Path | None) -> dict[str, Any]:
+def _throughput(args: argparse.Namespace, use_wrk: bool, routers: dict[str, Path]) -> dict[str, Any]:
     sim = start_sim(args.client_cpu)
     started: list[ManagedProcess] = [sim]
     try:
@@ -183,13 +189,11 @@ def _throughput(args: argparse.Namespace, use_wrk: bool, router_python: Path | N
                 name="rolloutgate", process=gateway, url=gateway.url, engine_cpu=args.client_cpu
             ),
         ]
-        if router_python is not None:
-            router = start_router(args.server_cpu, [sim.url], router_python)
+        for name, python in routers.items():
+            router = start_router(args.server_cpu, [sim.url], python, kind=ROUTERS[name])
             started.append(router)
             targets.append(
-                throughput.Target(
-                    name="sglang-router", process=router, url=router.url, engine_cpu=args.client_cpu
-                )
+                throughput.Target(name=name, process=router, url=router.url, engine_cpu=args.client_cpu)
             )
         if args.server_cpu is None:
             targets = [t for t in targets if t.name != "engine (client CPU)"]
@@ -217,15 +221,13 @@ def _throughput(args: argparse.Namespace, use_wrk: bool, router_python: Path | N
     }
 
 
-def _inflight(args: argparse.Namespace, router_python: Path | None) -> dict[str, Any]:
+def _inflight(args: argparse.Namespace, routers: dict[str, Path]) -> dict[str, Any]:
     inflight.raise_fd_limit(2 * args.inflight_streams + 1000)
     limit = inflight.max_streams_for_fd_limit()
     high = min(args.inflight_streams, limit)
     counts = sorted({max(1, high // 2), high})
     measurements: list[inflight.InflightResult] = []
-    for name in ("rolloutgate", "sglang-router"):
-        if name == "sglang-router" and router_python is None:
-            continue
+    for name in ("rolloutgate", *routers):
         for count in counts if name == "rolloutgate" else [high]:
             sim = start_sim(args.client_cpu, profile="default", overrides=inflight.SLOW_ENGINE_FLAGS)
             server: ManagedProcess | None = None
@@ -235,8 +237,7 @@ def _inflight(args: argparse.Namespace, router_python: Path | None) -> dict[str,
                         args.server_cpu, [sim.url], extra_args=["--capacity", str(args.inflight_streams)]
                     )
                 else:
-                    assert router_python is not None
-                    server = start_router(args.server_cpu, [sim.url], router_python)
+                    server = start_router(args.server_cpu, [sim.url], routers[name], kind=ROUTERS[name])
                 measurements.append(
                     inflight.measure_inflight(server, sim.url, count, client_cpu=args.client_cpu, log=_log)
                 )

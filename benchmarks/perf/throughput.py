@@ -1,4 +1,5 @@
-"""Throughput and latency side by side: the engine alone, rolloutgate, and the SGLang Model Gateway.
+"""Throughput and latency side by side: the engine alone, rolloutgate, and the SGLang Model Gateway (`sglang-router`,
+as miles pins it, and `smg`, its newest release).
 
 Theory of operation: one simulated engine (`fast` profile: no simulated time passes, 16 output tokens per
 request) serves every cell. A cell is one load generator run (C connections, D seconds, the same POST
@@ -43,7 +44,7 @@ def request_body(streaming: bool) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Target:
-    name: str  # "engine", "engine (client CPU)", "rolloutgate", "sglang-router"
+    name: str  # "engine", "engine (client CPU)", "rolloutgate", "sglang-router", "smg"
     process: ManagedProcess  # whose CPU is measured
     url: str
     engine_cpu: str | None  # where the engine sits during this target's cells
@@ -135,10 +136,12 @@ def _median(values: list[float]) -> float:
     return statistics.median(clean) if clean else float("nan")
 
 
-def summarize_matrix(cells: list[Cell], reference: str = "sglang-router") -> list[dict[str, Any]]:
+def summarize_matrix(
+    cells: list[Cell], references: tuple[str, ...] = ("sglang-router", "smg")
+) -> list[dict[str, Any]]:
     """One row per (target, mode, connections): medians over rounds, CPU per 1,000 requests and per million
-    generated tokens (totals over rounds), and the ratio of requests/s to `reference` (median of the
-    per-round ratios)."""
+    generated tokens (totals over rounds), and the ratio of requests/s to each of `references` that ran
+    (`ratio_to`: the median of the per-round ratios)."""
     keys: list[tuple[str, bool, int]] = []
     for cell in cells:
         key = (cell.target, cell.streaming, cell.connections)
@@ -154,11 +157,12 @@ def summarize_matrix(cells: list[Cell], reference: str = "sglang-router") -> lis
         ]
         requests = sum(c.load.requests for c in mine)
         cpu = sum(c.cpu_s for c in mine)
-        ratios = []
-        for c in mine:
-            ref = by_round.get((reference, streaming, connections, c.round))
-            if ref is not None and ref.load.rps > 0:
-                ratios.append(c.load.rps / ref.load.rps)
+        ratios: dict[str, list[float]] = {}
+        for reference in references:
+            for c in mine:
+                ref = by_round.get((reference, streaming, connections, c.round))
+                if ref is not None and ref.load.rps > 0:
+                    ratios.setdefault(reference, []).append(c.load.rps / ref.load.rps)
         rows.append(
             {
                 "target": target,
@@ -173,7 +177,7 @@ def summarize_matrix(cells: list[Cell], reference: str = "sglang-router") -> lis
                 if requests
                 else float("nan"),
                 "cores_busy": cpu / sum(c.load.seconds for c in mine) if mine else float("nan"),
-                "ratio_to_reference": _median(ratios) if ratios else None,
+                "ratio_to": {reference: _median(values) for reference, values in ratios.items()},
                 "rounds": len(mine),
             }
         )

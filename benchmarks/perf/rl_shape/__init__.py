@@ -1,18 +1,20 @@
-"""The RL shape (`make bench-rl`): miles' TITO call, the same load direct, through rolloutgate and through the
-SGLang Model Gateway, in one run.
+"""The RL shape (`make bench-rl`): miles' TITO call, the same load direct, through rolloutgate and through two
+releases of the SGLang Model Gateway, in one run.
 
 Theory of operation. miles sends non-streaming SGLang `POST /generate` calls with `input_ids` of 20K-100K
 tokens, prefix-shared within a session (each turn's `input_ids` are the previous turn's plus its output ids
 plus a few new ids: the tool's answer), `return_logprob: true`, `no_stop_trim`, `skip_special_tokens`,
 `spaces_between_special_tokens` as in reference/miles.md, and the header `X-SMG-Routing-Key: <session>`;
-its client (httpx) has no timeout. This module builds that load and runs it three times against the same
+its client (httpx) has no timeout. This module builds that load and runs it once per path against the same
 simulated engines (`rolloutgate sim --api sglang`, one process, decode at 70 tok/s whatever the batch,
 time-scaled so that a 32K-token decode takes tens of seconds):
 
 1. `direct`: the clients call the engines themselves, round-robin by session (session n on engine n mod N);
 2. `rolloutgate`: `rolloutgate serve --engine ...` with its default settings, only `--time-scale` matching;
-3. `sglang-router`: the SGLang Model Gateway with a policy that follows the routing key (`manual`, sticky
-   sessions; 0.3.2 has no consistent hashing).
+3. `sglang-router`: the SGLang Model Gateway as miles pins it (0.3.2), with a policy that follows the routing
+   key (`manual`, sticky sessions; 0.3.2 has no consistent hashing);
+4. `smg`: its newest release (the `smg` package, `python -m smg.launch_router`, the same flags);
+5. `direct-again`: the direct phase once more (the noise floor of the paired latency).
 
 The load is a plan fixed before the first phase (`plan_load`): `concurrency` workers, each with a budget of
 generated tokens, runs sessions back to back; every turn's input length, new ids and `max_new_tokens` (drawn

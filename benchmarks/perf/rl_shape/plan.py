@@ -16,6 +16,7 @@ __all__ = (
     "GATEWAYS",
     "PATHS",
     "QUICK",
+    "ROUTER_PATHS",
     "ROUTING_HEADER",
     "SYSTEM_PREFIX_TOKENS",
     "TOKENS_PER_S",
@@ -38,8 +39,9 @@ FIRST_ID = 3  # pad, bos, eos below
 SYSTEM_PREFIX_TOKENS = 1024
 # direct-again: the direct phase once more, last, so the paired latency of a phase against itself shows how
 # much of a gateway's paired figure is this machine's and the simulator's own turn-to-turn noise
-PATHS = ("direct", "rolloutgate", "sglang-router", "direct-again")
-GATEWAYS = ("rolloutgate", "sglang-router")
+PATHS = ("direct", "rolloutgate", "sglang-router", "smg", "direct-again")
+GATEWAYS = ("rolloutgate", "sglang-router", "smg")
+ROUTER_PATHS = ("sglang-router", "smg")  # the SGLang Model Gateway: miles' pin, and its newest release
 ROUTING_HEADER = "X-SMG-Routing-Key"
 # ids as shared int objects: a session's 100K-id list then costs 8 bytes per id in this process, not ~40
 _POOL = list(range(VOCAB_SIZE))

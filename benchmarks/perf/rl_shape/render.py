@@ -26,7 +26,9 @@ def render(result: dict[str, Any]) -> str:
         f"{plan['max_new']['min']:,}-{plan['max_new']['max']:,} (p50 {plan['max_new']['p50']:,.0f}, mean "
         f"{plan['max_new']['mean']:,.0f}, density ~1/x^2), {plan['generated_tokens']:,} tokens per phase; "
         f"target {options['concurrency'] * TOKENS_PER_S * options['time_scale']:,.0f} generated tok/s. "
-        f"SGLang Model Gateway policy: {options['router_policy']}.",
+        f"SGLang Model Gateway policy: {options['router_policy']}"
+        + "".join(f"; {name} {version}" for name, version in meta.get("routers", {}).items())
+        + ".",
         "",
         "| goal | measured | verdict |",
         "| --- | --- | --- |",

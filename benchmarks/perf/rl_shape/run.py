@@ -16,8 +16,10 @@ from typing import Any
 
 from benchmarks.kit.proc import cpu_count, machine_description
 from benchmarks.kit.servers import (
+    ROUTERS,
     ManagedProcess,
     installed_router,
+    router_version,
     set_log_dir,
     start_gateway,
     start_router,
@@ -28,7 +30,15 @@ from benchmarks.perf.report import format_value as fmt
 from benchmarks.perf.rl_shape.engines import engine_flags
 from benchmarks.perf.rl_shape.measure import run_phase
 from benchmarks.perf.rl_shape.phase import PhaseResult
-from benchmarks.perf.rl_shape.plan import DEFAULT, PATHS, QUICK, ShapeOptions, plan_load, plan_summary
+from benchmarks.perf.rl_shape.plan import (
+    DEFAULT,
+    PATHS,
+    QUICK,
+    ROUTER_PATHS,
+    ShapeOptions,
+    plan_load,
+    plan_summary,
+)
 from benchmarks.perf.rl_shape.render import render
 from benchmarks.perf.rl_shape.verdict import goals, limits
 
@@ -130,12 +140,15 @@ def _run_shape(
     client_cpu: str | None,
     log: Callable[[str], None],
 ) -> dict[str, Any]:
-    router_py: Path | None = None
+    routers: dict[str, Path] = {}  # the SGLang Model Gateway's releases that run: their python
     paths = list(options.paths)
-    if "sglang-router" in paths:
-        router_py = installed_router(log=log)
-        if router_py is None:
-            paths.remove("sglang-router")
+    for name in ROUTER_PATHS:
+        if name in paths:
+            python = installed_router(ROUTERS[name], log=log)
+            if python is None:
+                paths.remove(name)
+            else:
+                routers[name] = python
     plan = plan_load(options)
     summary = plan_summary(plan)
     log(
@@ -152,9 +165,10 @@ def _run_shape(
                     gateway = start_gateway(
                         server_cpu, sim.extra_urls, extra_args=["--time-scale", f"{options.time_scale:g}"]
                     )
-                elif name == "sglang-router":
-                    assert router_py is not None
-                    gateway = start_router(server_cpu, sim.extra_urls, router_py, options.router_policy)
+                elif name in routers:
+                    gateway = start_router(
+                        server_cpu, sim.extra_urls, routers[name], options.router_policy, kind=ROUTERS[name]
+                    )
                 log(f"phase {name} ...")
                 phase = run_phase(
                     name,
@@ -190,6 +204,7 @@ def _run_shape(
             else f"gateway on CPU {server_cpu}; simulator and clients on CPU {client_cpu}",
             "engine_flags": engine_flags(options),
             "rolloutgate_args": ["--time-scale", f"{options.time_scale:g}"],
+            "routers": {name: router_version(python, ROUTERS[name]) for name, python in routers.items()},
         },
         "options": asdict(options) | {"concurrency": options.concurrency},
         "plan": summary,

@@ -8,7 +8,7 @@ from typing import Any
 
 from benchmarks.kit.stats import percentile
 from benchmarks.perf.rl_shape.phase import added_pct, ratio
-from benchmarks.perf.rl_shape.plan import GATEWAYS
+from benchmarks.perf.rl_shape.plan import GATEWAYS, ROUTER_PATHS
 
 __all__ = (
     "GOAL_ADDED_LATENCY_PCT",
@@ -79,14 +79,17 @@ def goals(phases: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                     "verdict": verdict(within, 1.0),
                 }
             )
-    mine, router = phases.get("rolloutgate"), phases.get("sglang-router")
-    if mine is not None and router is not None:
+    mine = phases.get("rolloutgate")
+    for router_name in ROUTER_PATHS:
+        router = phases.get(router_name)
+        if mine is None or router is None:
+            continue
         a = mine.get("gateway_cpu_s_per_million_tokens")
         b = router.get("gateway_cpu_s_per_million_tokens")
         value = ratio(a, b)
         rows.append(
             {
-                "goal": f"rolloutgate CPU-s per M generated tokens over the SGLang Model Gateway's <= {GOAL_CPU_VS_ROUTER:g}",
+                "goal": f"rolloutgate CPU-s per M generated tokens over {router_name}'s <= {GOAL_CPU_VS_ROUTER:g}",
                 "value": value,
                 "measured": "-"
                 if value is None

@@ -78,15 +78,20 @@ def test_matrix_summary_takes_medians_and_per_round_ratios() -> None:
         _cell("sglang-router", 2000, 0),
         _cell("rolloutgate", 3000, 1),
         _cell("sglang-router", 2000, 1),
+        _cell("smg", 4000, 0),
+        _cell("smg", 1000, 1),
     ]
     rows = {row["target"]: row for row in summarize_matrix(cells)}
-    assert rows["rolloutgate"]["ratio_to_reference"] == pytest.approx(1.0)  # median of 0.5 and 1.5
+    assert rows["rolloutgate"]["ratio_to"]["sglang-router"] == pytest.approx(1.0)  # median of 0.5 and 1.5
+    assert rows["rolloutgate"]["ratio_to"]["smg"] == pytest.approx(1.625, rel=0.01)  # median of 0.25 and 3.0
     requests = (1000 * 5 - 7) + (3000 * 5 - 7)
     assert rows["rolloutgate"]["cpu_s_per_1k_requests"] == pytest.approx(2000 / requests)
 
 
 def test_report_renders_goals_and_doc_block_is_replaced(tmp_path: Path) -> None:
-    rows = summarize_matrix([_cell("rolloutgate", 1000, 0), _cell("sglang-router", 2000, 0)])
+    rows = summarize_matrix(
+        [_cell("rolloutgate", 1000, 0), _cell("sglang-router", 2000, 0), _cell("smg", 800, 0)]
+    )
     results = {
         "meta": {
             "command": "rolloutgate bench",
@@ -122,10 +127,8 @@ def test_report_renders_goals_and_doc_block_is_replaced(tmp_path: Path) -> None:
         ],
     }
     text = report.render(results)
-    assert (
-        "| req/s at 32 connections >= the SGLang Model Gateway's (non-streaming) | ratio 0.50 | NOT met |"
-        in text
-    )
+    assert "| req/s at 32 connections >= sglang-router's (non-streaming) | ratio 0.50 | NOT met |" in text
+    assert "| req/s at 32 connections >= smg's (non-streaming) | ratio 1.25 | met |" in text
     assert "O(log n)" in text and "| met |" in text
     doc = tmp_path / "benchmarks.md"
     doc.write_text("# Benchmarks\n\nhand-written intro\n")
