@@ -11,10 +11,19 @@ import urllib.request
 
 import orjson
 
-from benchmarks.kit.prometheus import sample_totals
+from benchmarks.kit.prometheus import histogram_buckets, sample_totals
 from benchmarks.perf.rl_shape.plan import FIRST_ID, ROUTING_HEADER, TOKENS_PER_S, ShapeOptions, request_body
 
-__all__ = ("COUNTERS", "engine_counters", "engine_flags", "flush", "wait_idle", "warm")
+__all__ = (
+    "COUNTERS",
+    "LOOP_LAG",
+    "engine_counters",
+    "engine_flags",
+    "flush",
+    "loop_lag_buckets",
+    "wait_idle",
+    "warm",
+)
 
 
 COUNTERS = {
@@ -35,6 +44,16 @@ def _get(url: str, timeout_s: float = 30.0) -> bytes:
 
 
 _STATE_FALLBACK = {"output_bytes": "output_bytes_total", "output_chunks": "output_chunks_total"}
+
+
+LOOP_LAG = "rolloutgate_event_loop_lag_seconds"  # server/loop_lag.py
+
+
+def loop_lag_buckets(gateway_url: str) -> dict[float, float]:
+    """rolloutgate's event-loop lag histogram from its /metrics (empty for a gateway without it)."""
+    with contextlib.suppress(OSError):
+        return histogram_buckets(_get(gateway_url + "/metrics").decode(), LOOP_LAG)
+    return {}
 
 
 def engine_counters(urls: list[str]) -> list[dict[str, float]]:

@@ -13,9 +13,17 @@ import time
 from collections.abc import Callable, Iterator
 
 from benchmarks.kit.proc import cpu_busy_s, cpu_seconds, io_counters, rss_bytes
+from benchmarks.kit.prometheus import quantile_bound
 from benchmarks.kit.servers import ManagedProcess
 from benchmarks.perf.rl_shape.clients import InFlight, drive
-from benchmarks.perf.rl_shape.engines import COUNTERS, engine_counters, flush, wait_idle, warm
+from benchmarks.perf.rl_shape.engines import (
+    COUNTERS,
+    engine_counters,
+    flush,
+    loop_lag_buckets,
+    wait_idle,
+    warm,
+)
 from benchmarks.perf.rl_shape.phase import PhaseResult, Sample
 from benchmarks.perf.rl_shape.plan import TOKENS_PER_S, ShapeOptions, Turn
 
@@ -61,6 +69,7 @@ def run_phase(
     wait_idle(engine_urls, 30)
     flush(engine_urls)
     idle_rss = rss_bytes(gateway.pid) if gateway is not None else None
+    lag_before = loop_lag_buckets(gateway.url) if gateway is not None else {}
     before = engine_counters(engine_urls)
     io_before = io_counters(sim.pid)
     sim_before = cpu_seconds(sim.pid)
@@ -91,6 +100,7 @@ def run_phase(
     client_after = resource.getrusage(resource.RUSAGE_SELF)
     busy_after = cpu_busy_s()
     gw_after = cpu_seconds(gateway.pid) if gateway is not None else None
+    lag_after = loop_lag_buckets(gateway.url) if gateway is not None else {}
     sim_after = cpu_seconds(sim.pid)
     if cut:
         log(f"  {name}: cut at {options.phase_cap_s:g} s; waiting for the engines to finish what they hold")
@@ -143,6 +153,9 @@ def run_phase(
         cpu_busy_s={c: busy_after[c] - busy_before.get(c, 0.0) for c in busy_after},
         server_cpus=_cpu_list(server_cpu),
         client_cpus=_cpu_list(client_cpu),
+        loop_lag={f"p{round(100 * q)}": quantile_bound(lag_before, lag_after, q) for q in (0.5, 0.99)}
+        if lag_after
+        else None,
     )
 
 

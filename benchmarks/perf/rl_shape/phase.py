@@ -68,6 +68,9 @@ class PhaseResult:
     cpu_busy_s: dict[int, float] = field(default_factory=dict)  # each CPU's busy seconds over the phase
     server_cpus: tuple[int, ...] = ()
     client_cpus: tuple[int, ...] = ()
+    # the gateway's own event-loop lag over the phase (rolloutgate's /metrics: server/loop_lag.py), each
+    # quantile as its histogram bucket's upper bound; None for a gateway that does not export it
+    loop_lag: dict[str, float | None] | None = None
 
     # -- derived
 
@@ -181,6 +184,7 @@ class PhaseResult:
             "max_rss_mb": None if self.max_rss is None else self.max_rss / 1e6,
             "peak": None if peak is None else asdict(peak),
             "rss_per_body_byte": self.rss_per_body,
+            "loop_lag_s": self.loop_lag,
             "latency_p50_s": self.p(50),
             "latency_p99_s": self.p(99),
             "stretch_p50": self.stretch_p50,

@@ -13,6 +13,7 @@ from benchmarks.perf.rl_shape.plan import GATEWAYS, ROUTER_PATHS
 __all__ = (
     "GOAL_ADDED_LATENCY_PCT",
     "GOAL_CPU_VS_ROUTER",
+    "GOAL_LOOP_LAG_P99_S",
     "GOAL_OUTPUT_WORK",
     "GOAL_RSS_PER_BODY",
     "OUTPUT_ALLOWANCE",
@@ -29,6 +30,7 @@ OUTPUT_ALLOWANCE = {"bytes": 4096.0, "chunks": 1.0}
 GOAL_CPU_VS_ROUTER = 1.0  # rolloutgate CPU-s per M generated tokens over the SGLang Model Gateway's
 GOAL_RSS_PER_BODY = 1.5  # (RSS at peak in flight - idle RSS) / request-body bytes in flight
 GOAL_ADDED_LATENCY_PCT = 1.0  # added p50 and p99 turn latency over direct, % of the turn
+GOAL_LOOP_LAG_P99_S = 0.01  # rolloutgate's own event-loop lag at p99 (server/loop_lag.py), seconds
 
 
 def verdict(value: float | None, goal: float) -> str:
@@ -143,6 +145,34 @@ def goals(phases: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                     "verdict": verdict(value, GOAL_ADDED_LATENCY_PCT),
                 }
             )
+    mine = phases.get("rolloutgate")
+    lag = (mine or {}).get("loop_lag_s")
+    if lag:
+        p99 = lag.get("p99")
+        rows.append(
+            {
+                "goal": f"rolloutgate's event-loop lag p99 <= {1000 * GOAL_LOOP_LAG_P99_S:g} ms (its /metrics)",
+                "value": p99,
+                "measured": "-"
+                if p99 is None
+                else f"<= {1000 * p99:g} ms (p50 <= {1000 * (lag.get('p50') or 0):g} ms; bucket bounds)",
+                # a bucket's bound: p99 under the goal when its bucket ends at or below it
+                "verdict": verdict(p99, GOAL_LOOP_LAG_P99_S),
+            }
+        )
+    for name in GATEWAYS:
+        phase = phases.get(name)
+        if phase is None or not phase.get("turns_planned"):
+            continue
+        failed = phase.get("failed", 0)
+        rows.append(
+            {
+                "goal": f"no turn via {name} fails (timeouts included)",
+                "value": failed,
+                "measured": f"{failed:,} failed of {phase['turns_planned']:,}",
+                "verdict": verdict(failed, 0),
+            }
+        )
     again = phases.get("direct-again")
     for q in (50, 99):
         value = None if again is None or direct is None else paired_added_pct(again, direct, q)

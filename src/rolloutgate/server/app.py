@@ -53,6 +53,7 @@ from rolloutgate.server.context import CONTEXT, GatewayContext
 from rolloutgate.server.driver import Driver
 from rolloutgate.server.engine_handle import PENDING
 from rolloutgate.server.exchange import Exchange, Finished
+from rolloutgate.server.loop_lag import watch_loop_lag
 from rolloutgate.server.metrics import Metrics
 from rolloutgate.server.pool import EnginePool
 from rolloutgate.server.sessions_mount import mount_sessions
@@ -223,9 +224,11 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     # probed again every health_interval (server/pool.py).
     if registrations:
         await asyncio.wait(registrations, timeout=30)
+    lag_watch = asyncio.create_task(watch_loop_lag(ctx.metrics.loop_lag), name="loop-lag")
     try:
         yield
     finally:
+        lag_watch.cancel()
         for task in registrations:
             task.cancel()
         await driver.close()

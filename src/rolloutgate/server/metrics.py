@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from rolloutgate.core.timing import TimingBreakdown
+from rolloutgate.server.loop_lag import LAG_BUCKETS
 
 __all__ = ("CLOCKS", "CLOCK_BUCKETS", "LightCounter", "LightHistograms", "Metrics")
 
@@ -227,6 +228,12 @@ class Metrics:
         )
         # groups (core/group_table.py) and each engine's prefix-cache hits (server/cache_hits.py); docs/rl.md
         self.groups = Counter("rolloutgate_groups", "Groups ended, by outcome", ["outcome"], registry=r)
+        self.loop_lag = Histogram(
+            "rolloutgate_event_loop_lag_seconds",
+            "How late the event loop ran a timer due (one every 50 ms): the gateway's own saturation",
+            buckets=LAG_BUCKETS,
+            registry=r,
+        )
         self.group_completion_seconds = Histogram(
             "rolloutgate_group_completion_seconds",
             "A group's first arrival to its last member's end (its slowest sibling)",
