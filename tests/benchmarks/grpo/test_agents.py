@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from benchmarks.grpo.agents import AgentsConfig, run_agents
+from benchmarks.grpo.agents import SKYRL_1791, AgentsConfig, run_agents
 from rolloutgate.core.placement.consistent_hash import rendezvous_score
 
 SMALL = AgentsConfig(engines=3, groups=4, n=3, prompt_tokens=500, max_turns=4, answer_median=100)
@@ -31,3 +31,38 @@ def test_consistent_hashing_puts_each_session_where_its_key_scores_highest() -> 
             scores = [rendezvous_score(key, f"engine-{i}") for i in range(SMALL.engines)]
             expected[scores.index(max(scores))] += 1
     assert run.sessions_per_engine == expected
+
+
+CLOSED = replace(
+    SMALL,
+    groups=6,
+    workers=3,
+    mini_batch=2,
+    max_staleness=1,
+    train_s=5.0,
+    max_concurrency=5,
+    max_model_len=2000,
+    token_pool=True,
+    uuid_keys=True,
+    probe_s=2.0,
+)
+
+
+@pytest.mark.parametrize("placement", ["consistent_hash", "sticky_least_loaded"])
+def test_closed_loop_runs_skyrls_trainer_bounds(placement: str) -> None:
+    """SkyRL's fully async loop (the skyrl1791 profile's, small): every group completes, never more trajectories
+    at once than the rate limiter's max_concurrency, never more groups than the workers."""
+    run = run_agents(replace(CLOSED, placement=placement))
+    assert len(run.group_completion_s) == CLOSED.groups and run.failed_turns == 0
+    assert run.peak_trajectories == CLOSED.max_concurrency and run.peak_groups <= CLOSED.workers
+    assert sum(run.sessions_per_engine) == CLOSED.groups * CLOSED.n
+    engines = run.engine_summary()
+    assert run.running and len(engines["wait_mean_s"]) == CLOSED.engines
+    assert all(k >= 0 for k in engines["kv_max"]) and engines["run_cv"] >= 0
+
+
+def test_skyrl_profile_is_the_prs_load() -> None:
+    """The fields SkyRL#1791 states (its PR description: Setup)."""
+    assert (SKYRL_1791.engines, SKYRL_1791.n, SKYRL_1791.workers, SKYRL_1791.mini_batch) == (4, 16, 12, 4)
+    assert (SKYRL_1791.max_staleness, SKYRL_1791.train_s, SKYRL_1791.max_concurrency) == (4, 60.0, 132)
+    assert SKYRL_1791.max_model_len == 128_000
