@@ -165,6 +165,14 @@ class GatewaySettings(BaseSettings):
         "engine's output work grows with the length squared over this (docs/gateway.md). 0 = first token and "
         "end only: what a direct call costs, and such a call starts over",
     )
+    engine_pause_aborts: Literal["pass", "rerun"] = Field(
+        default="pass",
+        description="a call that an engine's own pause in abort mode ended (a trainer's SGLang "
+        "/pause_generation {mode: abort} or vLLM /pause?mode=abort, sent to the engine directly): pass = answered "
+        "as the engine answered it (finish reason abort, its partial output); rerun = run again once an engine "
+        "takes work, as the gateway's own abort-mode gate does (a streaming client's from its last token). "
+        "Either way an abort the engine was not paused for (an /abort_request) is passed on",
+    )
 
     keepalive_interval: float = Field(
         default=15.0, ge=0, description="seconds of client silence before a keep-alive byte (0 = off)"

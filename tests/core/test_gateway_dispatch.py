@@ -183,6 +183,21 @@ def test_a_call_refused_in_prefill_is_retried_as_it_never_ran() -> None:
     assert [d.engine_id for d in h.commands(Dispatch, "a")] == ["e1", "e2", "e3"]
 
 
+def test_a_call_its_engines_own_pause_aborted_is_requeued_without_a_fault_counted() -> None:
+    # settings.engine_pause_aborts rerun: a trainer's abort-mode pause is no fault of the call or the engine;
+    # however often it happens, the call runs again (afresh: new weights may come with the pause)
+    h = Harness(reference(max_attempts=2))
+    h.engines(e1=1)
+    h.arrive("a")
+    for attempt in (1, 2, 3):
+        h.progress("a", tokens=7)
+        out = h.send(UpstreamFailed(request_id="a", reason="paused", engine_paused=True, attempt=attempt))
+        assert of(out, Fail) == [] and of(out, MarkEngine) == []
+    assert [(d.engine_id, d.attempt, d.delivered_tokens) for d in h.commands(Dispatch, "a")] == [
+        ("e1", n, 0) for n in (1, 2, 3, 4)
+    ]
+
+
 def test_non_retryable_failure_is_the_clients_answer() -> None:
     h = Harness()
     h.engines(e1=1)

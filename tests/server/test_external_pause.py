@@ -9,8 +9,10 @@ fake-time loop (looptime): the minutes of pause pass when the loop is idle, at n
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from rolloutgate.server.engine_health import PAUSED_POLL_S
@@ -82,6 +84,75 @@ async def test_a_pause_nobody_announced_is_not_charged_and_not_judged(
         return not (await http.get(f"{gateway.url}/admin/state")).json()["engines"][0]["paused_by_engine"]
 
     await wait_until(flag_cleared, timeout_s=5 * PAUSED_POLL_S / SCALE)
+
+
+def sse_chunks(text: str) -> list[dict[str, Any]]:
+    return [orjson.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_with_rerun_a_call_the_engines_abort_pause_ended_runs_again_after_it(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient, stream: bool
+) -> None:
+    """`engine_pause_aborts = rerun` (NeMo RL's refit with `pause_generation_mode: abort`): the running call
+    the pause aborts is not answered with the partial output; it runs again once the engine continues, and its
+    client gets every token, none of the pause charged. A streaming client's stream goes on from what it was
+    sent (one generation of TOKENS, the abort never shown)."""
+    cluster = await make_cluster(engines=1, time_scale=SCALE)
+    gateway = await make_gateway(cluster, engine_pause_aborts="rerun")
+    engine_url = cluster.urls[0]
+    body = generate_body(2_000, TOKENS) | ({"stream": True} if stream else {})
+    call = asyncio.create_task(http.post(f"{gateway.url}/generate", json=body, timeout=None))
+    await decoding(cluster, 200)
+    paused = await http.post(f"{engine_url}/pause_generation", json={"mode": "abort"})
+    assert paused.status_code == 200
+    await asyncio.sleep(60 / SCALE)  # a minute of the trainer's weight update
+    assert not call.done()
+    await http.post(f"{engine_url}/continue_generation", json={})
+    response = await call
+    assert response.status_code == 200, response.text
+    if stream:
+        chunks = sse_chunks(response.text)
+        finishes = [c["meta_info"]["finish_reason"] for c in chunks if c["meta_info"].get("finish_reason")]
+        assert [f["type"] for f in finishes] == [
+            "length"
+        ]  # the engine's abort chunk never reached the client
+        meta = chunks[-1]["meta_info"]
+        assert meta["completion_tokens"] == TOKENS and len(chunks[-1]["output_ids"]) == TOKENS
+    else:
+        meta = response.json()["meta_info"]
+        assert meta["finish_reason"]["type"] == "length" and meta["completion_tokens"] == TOKENS
+        assert len(meta["output_token_logprobs"]) == TOKENS
+    metrics = (await http.get(f"{gateway.url}/metrics")).text
+    assert 'rolloutgate_engine_pause_aborts_total{action="rerun"} 1.0' in metrics
+    if not stream:
+        timing = final_timing(response)
+        assert timing["charged"] < timing["wall"] - 60 + 8, timing  # the minute of pause is not charged
+    assert await quarantines(http, gateway.url) == 0
+
+
+@pytest.mark.looptime
+async def test_with_rerun_an_abort_the_engine_was_not_paused_for_is_the_answer(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
+) -> None:
+    """slime's and miles' step-end abort, sent to the engine directly: no pause, so the partial output with
+    finish reason abort is the answer (their partial rollouts keep it), rerun or not."""
+    cluster = await make_cluster(engines=1, time_scale=SCALE)
+    gateway = await make_gateway(cluster, engine_pause_aborts="rerun")
+    engine_url = cluster.urls[0]
+    call = asyncio.create_task(
+        http.post(f"{gateway.url}/generate", json=generate_body(2_000, TOKENS), timeout=None)
+    )
+    await decoding(cluster, 200)
+    aborted = await http.post(f"{engine_url}/abort_request", json={"abort_all": True})
+    assert aborted.status_code == 200
+    response = await call
+    assert response.status_code == 200, response.text
+    meta = response.json()["meta_info"]
+    assert meta["finish_reason"]["type"] == "abort" and 200 <= meta["completion_tokens"] < TOKENS
+    metrics = (await http.get(f"{gateway.url}/metrics")).text
+    assert 'rolloutgate_engine_pause_aborts_total{action="passed"} 1.0' in metrics
 
 
 @pytest.mark.looptime

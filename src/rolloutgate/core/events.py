@@ -157,6 +157,8 @@ class UpstreamFailed:
     engine_unreachable: bool = False  # connection refused / no route: the engine is marked unhealthy
     # the engine dropped the call mid-answer (reset, closed, stream cut short), as when its process dies
     engine_lost: bool = False
+    # the engine's own pause (abort mode, sent to it directly) ended the call: re-queued, not counted as a fault
+    engine_paused: bool = False
     attempt: int | None = None  # the Dispatch.attempt this belongs to; a stale attempt's event is ignored
 
 

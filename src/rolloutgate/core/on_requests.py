@@ -8,6 +8,7 @@ progress of an attempt, which ends its prefill. Whatever ends or frees a request
 starts in the same call.
 
 Verdicts the events bring (ENGINE clock mode; DESIGN.md is authoritative; the timers' are in verdicts.py):
+- UpstreamFailed by the engine's own abort-mode pause (`engine_paused`) -> re-queued afresh, no fault counted
 - retryable UpstreamFailed            -> re-queue avoiding that engine, up to max_attempts, then
   Fail(ATTEMPTS_EXHAUSTED); not retryable -> Fail(UPSTREAM); `engine_unreachable` -> MarkEngine(unhealthy);
   `engine_lost` (the engine dropped the call) while the request was in prefill, the second time
@@ -211,6 +212,8 @@ def on_upstream_failed(ledger: Ledger, ev: UpstreamFailed, now: float) -> list[C
     detail = ev.reason if ev.status is None else f"{ev.reason} (status {ev.status})"
     if not ev.retryable:
         ledger.fail(r, FailReason.UPSTREAM, now, out, detail=detail)
+    elif ev.engine_paused:  # new weights may follow the pause: afresh, as the gate's own abort mode does
+        ledger.requeue(r, now, afresh=True)
     elif r.prefill_losses >= POISON_PREFILL_LOSSES:
         ledger.fail(r, FailReason.ENGINE_LOST_IN_PREFILL, now, out, detail=detail)
     elif r.fault_attempts >= ledger.config.max_attempts:

@@ -159,6 +159,7 @@ def build_app(settings: GatewaySettings) -> web.Application:
         abort_upstream=settings.clock == "engine",
         engine_poll_s=clock.real_seconds(engine_poll_interval(settings)),
         checkpoint_tokens=settings.checkpoint_tokens,
+        rerun_engine_pause_aborts=settings.engine_pause_aborts == "rerun",
     )
     driver.on_end.append(_log_request)
     driver.on_end.append(partial(observe_cache_hits, metrics))

@@ -124,8 +124,11 @@ class Driver:
         abort_upstream: bool = True,
         engine_poll_s: float = 3.0,
         checkpoint_tokens: int = 0,
+        rerun_engine_pause_aborts: bool = False,
     ) -> None:
         self.core = core
+        # settings.engine_pause_aborts: a call an engine's own abort-mode pause ended runs again
+        self.rerun_engine_pause_aborts = rerun_engine_pause_aborts
         self.checkpoint_tokens = (
             checkpoint_tokens  # a call answered whole sends its output this often (0: end)
         )
@@ -352,6 +355,9 @@ class Driver:
         if exchange.attempt != attempt or exchange.ended:
             return
         if error is None:
+            if exchange.engine_abort_attempt == attempt:  # aborted unasked: by the engine's own pause?
+                self._spawn(self._judge_engine_abort(exchange, attempt))
+                return
             self.handle(UpstreamFinished(request_id=exchange.request_id, attempt=attempt))
             return
         if not error.retryable:
@@ -379,6 +385,39 @@ class Driver:
                 engine_lost=error.lost,
             )
         )
+
+    async def _judge_engine_abort(self, exchange: Exchange, attempt: int) -> None:
+        """An attempt the engine answered with finish reason abort, unasked: ask the engine whether it is
+        paused (its flag, read now). Paused: its own abort-mode pause ended the call, which runs again (afresh,
+        a streaming client's from what it was sent) once an engine takes work. Not paused (someone's
+        /abort_request to the engine): the engine's answer is the answer."""
+        assert self.pool is not None
+        engine_id = exchange.engine_id or ""
+        paused = await self.pool.health.paused_now(engine_id)
+        if exchange.attempt != attempt or exchange.ended:
+            return
+        held, exchange.held = exchange.held, None
+        exchange.engine_abort_attempt = 0
+        self.metrics.engine_pause_aborts.labels(action="rerun" if paused else "passed").inc()
+        if paused:
+            log.info(
+                "%s's own pause aborted request %s: it runs again once an engine takes work",
+                engine_id,
+                exchange.request_id,
+                extra={"engine": engine_id, "request_id": exchange.request_id},
+            )
+            self.handle(
+                UpstreamFailed(
+                    request_id=exchange.request_id,
+                    reason=f"{engine_id}'s own pause aborted it",
+                    engine_paused=True,
+                    attempt=attempt,
+                )
+            )
+            return
+        if held:
+            exchange.send_events(held)
+        self.handle(UpstreamFinished(request_id=exchange.request_id, attempt=attempt))
 
     def _complete(self, command: Complete) -> None:
         exchange = self.exchanges.pop(command.request_id, None)
@@ -442,6 +481,7 @@ class Driver:
         if exchange is None:
             return
         if command.reason is AbortReason.STALE_PARTIAL:  # the call stays open: the engine answers it, partial
+            exchange.abort_ordered = True
             if self.abort_upstream:
                 self._abort_on_engine(exchange, command.engine_id, exchange.attempt)
             return
@@ -507,8 +547,15 @@ class Driver:
         self.handle(QueueAborted(request_ids=frozenset(e.request_id for e in matched)))
         for exchange in matched:
             if not exchange.ended:
+                exchange.abort_ordered = True
                 self._abort_on_engine(exchange, exchange.engine_id, exchange.attempt)
         return len(matched)
+
+    def abort_all_ordered(self) -> None:
+        """An `/abort_request {"abort_all": true}` through the gateway, about to reach every engine: the abort
+        answers of the calls they run are what their clients get (never re-run as a pause's)."""
+        for exchange in self.exchanges.values():
+            exchange.abort_ordered = True
 
     def fail_all(self, make_error: Callable[[], GatewayError]) -> int:
         """Shutdown: end every open exchange with `make_error()` (its client reads it) and abort the generations
@@ -559,23 +606,34 @@ class _AttemptSink:
         driver.metrics.generated_tokens.inc(tokens)
         if exchange.has_ended():
             return False  # an overdue verdict fired in `handle` and ended it (release_request ran)
+        # an abort nobody asked for (settings.engine_pause_aborts rerun): from it on, a streaming client is
+        # sent nothing until the driver has asked the engine whether its own pause did it (attempt's end)
+        watch_aborts = driver.rerun_engine_pause_aborts and not exchange.abort_ordered
+        holding = watch_aborts and exchange.engine_abort_attempt == attempt
         if not exchange.client_streams:
             assert exchange.assembler is not None
             for event in events:
                 exchange.assembler.add(event)
+                if watch_aborts and event.finish_reason == "abort":
+                    exchange.engine_abort_attempt = attempt
             return True
         forwarded: list[bytes] = []
         stitcher = exchange.stitcher
         for event in events:
             if event.is_gateway_only:
                 continue  # e.g. the usage frame the gateway asked for and the client did not
-            exchange.delivered_tokens += event.tokens
             if event.assembly is not None and event.assembly.is_incremental_generate:
                 exchange.cumulative = False
             # an incremental chunk carries only its own output: the client has the earlier part already
-            forwarded.append(
-                event.data if stitcher is None or not exchange.cumulative else stitcher.stitch(event.data)
-            )
+            data = event.data if stitcher is None or not exchange.cumulative else stitcher.stitch(event.data)
+            if watch_aborts and not holding and event.finish_reason == "abort":
+                holding, exchange.engine_abort_attempt, exchange.held = True, attempt, []
+            if holding:
+                assert exchange.held is not None
+                exchange.held.append(data)
+                continue
+            exchange.delivered_tokens += event.tokens
+            forwarded.append(data)
         if forwarded:
             exchange.send_events(forwarded)
         return not exchange.ended

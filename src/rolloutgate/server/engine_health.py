@@ -94,7 +94,7 @@ class WatchedPool(Protocol):
 @dataclass(eq=False)
 class EngineHealth:
     pool: WatchedPool
-    _pause_reads: set[asyncio.Task[None]] = field(default_factory=set)
+    _pause_reads: set[asyncio.Task[bool]] = field(default_factory=set)
 
     def watch(self, handle: EngineHandle) -> None:
         """Start the engine's loop; it runs until the engine leaves (`forget`) or the pool closes."""
@@ -126,7 +126,15 @@ class EngineHealth:
         self._pause_reads.add(task)
         task.add_done_callback(self._pause_reads.discard)
 
-    async def _read_pause(self, handle: EngineHandle) -> None:
+    async def paused_now(self, engine_id: str) -> bool:
+        """Whether the engine says (or shows) that its generation is paused, read now; reported to the core
+        as `EnginePaused` when it is. False for an engine that is gone or does not answer in time."""
+        handle = self.pool.engines.get(engine_id)
+        if handle is None:
+            return False
+        return await self._read_pause(handle)
+
+    async def _read_pause(self, handle: EngineHandle) -> bool:
         check_s = self.pool.settings.hang_check_timeout
         try:
             async with asyncio.timeout(self.pool.real_seconds(check_s)):
@@ -139,9 +147,10 @@ class EngineHealth:
                         probe = await self._check_health(handle, check_s * PROBE_SHARE)
                         paused = probe is None and await self._scheduler_idle(handle)
         except TimeoutError:
-            return  # no answer in time (hung, as a rule): the core judges it when its check time is up
+            return False  # no answer in time (hung, as a rule): the core judges it when its check time is up
         if paused and self.pool.engines.get(handle.engine_id) is handle:
             await self._paused_by_engine(handle, frozen)
+        return paused
 
     async def loop(self, handle: EngineHandle) -> None:
         """Each engine's watch, for its whole life: a round that raises is logged and the next one runs (a lost

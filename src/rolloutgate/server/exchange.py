@@ -169,6 +169,13 @@ class Exchange:
     assembler: ResponseAssembler | None = None  # this attempt's answer so far (non-streaming clients)
     delivered_tokens: int = 0  # tokens a streaming client has already been sent
     upstream_error: UpstreamError | None = None  # the engine's own non-retryable error, passed through
+    # an abort the gateway asked the engine for (a client's or a trainer's /abort_request through it, a stale
+    # generation's partial answer): the engine's abort answer is then the answer, never re-run
+    abort_ordered: bool = False
+    # with `engine_pause_aborts = rerun`: the attempt whose events said finish reason abort unasked, and what a
+    # streaming client is not sent of it until the engine says whether its own pause did it
+    engine_abort_attempt: int = 0
+    held: list[bytes] | None = None
     ended: bool = False
     on_abandoned: Callable[[Exchange], None] | None = None  # the last reader was cut off (set by the driver)
 

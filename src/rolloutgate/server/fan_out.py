@@ -65,6 +65,7 @@ async def abort_requests(app: web.Application, body: dict[str, Any]) -> Answer:
         raise BadRequest("'prefix' must be a boolean", param="prefix", code="invalid_type")
     if abort_all:
         ctx.driver.handle(QueueAborted())
+        ctx.driver.abort_all_ordered()
     elif rid:
         ctx.driver.abort_client_rid(rid, prefix=prefix)
     engines = [e for e in ctx.pool.engines.values() if e.info.family is EngineFamily.SGLANG]

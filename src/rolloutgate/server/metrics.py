@@ -228,6 +228,12 @@ class Metrics:
         )
         # groups (core/group_table.py) and each engine's prefix-cache hits (server/cache_hits.py); docs/rl.md
         self.groups = Counter("rolloutgate_groups", "Groups ended, by outcome", ["outcome"], registry=r)
+        self.engine_pause_aborts = Counter(  # settings.engine_pause_aborts rerun: what each unasked abort became
+            "rolloutgate_engine_pause_aborts",
+            "Calls an engine aborted unasked: rerun (its own pause did it) or passed (an abort sent to it)",
+            ["action"],
+            registry=r,
+        )
         self.loop_lag = Histogram(
             "rolloutgate_event_loop_lag_seconds",
             "How late the event loop ran a timer due (one every 50 ms): the gateway's own saturation",
