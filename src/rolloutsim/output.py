@@ -111,7 +111,20 @@ def generate_item(
     return item
 
 
-class OpenAIFormatter:
+class _Formatter:
+    """What every formatter of one request's bodies holds: the request, its parameters, the names it answers
+    with, and its output as read so far."""
+
+    def __init__(self, *, req: SimRequest, params: GenParams, model_name: str, weight_version: str) -> None:
+        self.req = req
+        self.params = params
+        self.model_name = model_name
+        self.weight_version = weight_version
+        self.created = int(time.time())
+        self.view = TokenView(req)
+
+
+class OpenAIFormatter(_Formatter):
     """Builds one request's OpenAI bodies. `flavour` is "sglang" or "vllm"; `kind` "chat" or "completion"."""
 
     def __init__(
@@ -124,14 +137,9 @@ class OpenAIFormatter:
         model_name: str,
         weight_version: str,
     ) -> None:
+        super().__init__(req=req, params=params, model_name=model_name, weight_version=weight_version)
         self.flavour = flavour
         self.kind = kind
-        self.req = req
-        self.params = params
-        self.model_name = model_name
-        self.weight_version = weight_version
-        self.created = int(time.time())
-        self.view = TokenView(req)
         if flavour == "vllm":
             self.id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{req.rid}"
         else:
@@ -301,7 +309,7 @@ class OpenAIFormatter:
         return body
 
 
-class TokensFormatter:
+class TokensFormatter(_Formatter):
     """Builds one request's bodies for vLLM's token-in/token-out `/inference/v1/generate` (vLLM 0.32
     `scale_out/token_in_token_out`: GenerateTokensResponse, GenerateTokensStreamResponse), in their field
     order. Its streaming chunks carry the new ids; there is no role chunk."""
@@ -309,12 +317,7 @@ class TokensFormatter:
     kind = "tokens"
 
     def __init__(self, *, req: SimRequest, params: GenParams, model_name: str, weight_version: str) -> None:
-        self.req = req
-        self.params = params
-        self.model_name = model_name
-        self.weight_version = weight_version
-        self.created = int(time.time())
-        self.view = TokenView(req)
+        super().__init__(req=req, params=params, model_name=model_name, weight_version=weight_version)
         self.id = f"generate-tokens-{req.rid}"
 
     def usage(self) -> dict[str, Any]:
