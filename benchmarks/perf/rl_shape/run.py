@@ -50,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = group.add_argument
     add("--rl-shape-engines", type=int, help=f"simulated engines (default {DEFAULT.engines})")
     add("--rl-shape-running", type=int, help=f"clients per engine (default {DEFAULT.running_per_engine})")
+    add("--rl-shape-slots", type=int, help=f"each engine's running slots (default {DEFAULT.engine_slots})")
     add("--rl-shape-time-scale", type=float, help=f"simulated s per real s (default {DEFAULT.time_scale:g})")
     add(
         "--rl-shape-tokens-per-worker",
@@ -72,6 +73,7 @@ def options_from_args(args: argparse.Namespace) -> ShapeOptions:
     for attr, name in (
         ("rl_shape_engines", "engines"),
         ("rl_shape_running", "running_per_engine"),
+        ("rl_shape_slots", "engine_slots"),
         ("rl_shape_time_scale", "time_scale"),
         ("rl_shape_tokens_per_worker", "tokens_per_worker"),
         ("rl_shape_cap", "phase_cap_s"),
