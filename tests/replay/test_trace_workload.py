@@ -13,9 +13,16 @@ from rolloutgate.replay.trace_workload import TraceError, TraceWorkload, read_tr
 
 E0, E1 = "http://127.0.0.1:1", "http://127.0.0.1:2"
 HEADER = {
-    "rolloutgate_trace": 1,
+    "rolloutgate_trace": 2,
     "clock": "engine",
-    "settings": {"timeout": 600.0, "stall_timeout": 60.0, "health_interval": 5.0, "health_failures": 3},
+    "settings": {
+        "timeout": 600.0,
+        "stall_timeout": 60.0,
+        "hang_check_timeout": 2.0,
+        "health_interval": 5.0,
+        "health_failures": 3,
+        "warmup_timeout": 240.0,
+    },
     "engines": [E0, E1],
 }
 CONFIG = ReplayConfig(client_timeout_s=300.0, reply_kept_tokens=1_000)
@@ -109,8 +116,12 @@ def test_storms_updates_and_an_engine_lost_for_good_become_the_replays_events(tm
     assert [(e.kind, e.at_s, e.detail.get("engine")) for e in workload.events()] == [
         ("storm", 500.0, None),
         ("update", 700.0, None),
-        ("freeze", 940.0, 1),  # quarantined: it froze stall_timeout before
+        ("freeze", 940.0, 1),  # quarantined: it froze stall_timeout before (the pause check asked within it)
     ]
+    lines = [orjson.loads(line) for line in trace.read_bytes().splitlines()]
+    old = write(tmp_path / "v1.jsonl", lines[1:], header=HEADER | {"rolloutgate_trace": 1})
+    # a version 1 trace's gateway asked the pause check after the stall window: the freeze was 2 s earlier
+    assert [e.at_s for e in TraceWorkload.read(old, CONFIG).events() if e.kind == "freeze"] == [938.0]
     storm_event = workload.events()[0]
     assert storm_event.detail["sessions"] == 0 and storm_event.detail["traced_sessions"] == 2
     kinds = {name: agent.sessions[0].turns[0].kind for name, agent in workload.agents()}
@@ -122,6 +133,7 @@ def test_the_replays_configuration_comes_from_the_trace_and_the_settings_given(t
     config = trace_config(trace, stall_timeout_s=45.0, time_scale=10.0)
     assert (config.engines, config.duration_s, config.agents) == (2, 1_234.5, 1)
     assert (config.gateway_timeout_s, config.stall_timeout_s, config.time_scale) == (600.0, 45.0, 10.0)
+    assert config.gateway_settings == (("warmup_timeout", "240"),)  # as the trace's gateway had it
     assert config.trace == str(trace)
 
 
@@ -130,7 +142,7 @@ def test_the_replays_configuration_comes_from_the_trace_and_the_settings_given(t
     [
         (b"", "empty"),
         (b'{"type": "request"}\n', "no header line"),
-        (b'{"rolloutgate_trace": 2}\n', "trace version 2"),
+        (b'{"rolloutgate_trace": 3}\n', "trace version 3"),
         (b'{"rolloutgate_trace": 1}\n{"type": "request", "at": 1}\n', ":2: a request line needs"),
         (b'{"rolloutgate_trace": 1}\nnot json\n', ":2: not JSON"),
     ],

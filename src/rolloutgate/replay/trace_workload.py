@@ -17,9 +17,9 @@ trace FILE` compares both clock modes on an operator's own traffic with the same
   one `long` when its `max_tokens` would not fit the client timeout at the trace's median decode rate
   (output tokens per charged second of the answered requests), else `medium`;
 - events: the gate closing is a weight update at that time; an engine the gateway marked quarantined or
-  unhealthy and never healthy again froze (the gateway cannot see a freeze, only its effect) `stall_timeout` +
-  `hang_check_timeout` (quarantined) or `health_failures` x `health_interval` (unhealthy) before the mark, and freezes there in the
-  replay; a storm is at least one new ~100K-token session per engine arriving within `STORM_WINDOW_S`, a
+  unhealthy and never healthy again froze (the gateway cannot see a freeze, only its effect) `stall_timeout`
+  (quarantined; version 1 traces: plus `hang_check_timeout`) or `health_failures` x `health_interval`
+  (unhealthy) before the mark, and freezes there in the replay; a storm is at least one new ~100K-token session per engine arriving within `STORM_WINDOW_S`, a
   marker for the figures (the trace brings its sessions). An engine that recovered, a staggered per-engine
   pause and the weight update's own duration are not replayed (the simulator's update takes its 25 s).
 """
@@ -58,6 +58,7 @@ STORM_WINDOW_S = 1.0
 # the agents' first message besides the history ("Task of session ...: work through it step by step.")
 _TASK_MESSAGE_TOKENS = 15
 _LOST_STATES = ("quarantined", "unhealthy")
+READS = (1, TRACE_VERSION)  # the trace versions read (server/trace.py says what changed)
 _DEFAULTS = ReplayConfig()
 
 
@@ -86,6 +87,10 @@ class Trace:
         ends = [float(r["end"]) for r in self.requests] + [float(e["at"]) for e in self.events]
         return max(ends, default=0.0)
 
+    @property
+    def version(self) -> int:
+        return int(self.header["rolloutgate_trace"])
+
     def setting(self, name: str, default: float) -> float:
         return float(self.header.get("settings", {}).get(name, default))
 
@@ -106,9 +111,9 @@ def read_trace(path: str | Path) -> Trace:
             if header is None:
                 if not isinstance(line, dict) or "rolloutgate_trace" not in line:
                     raise TraceError(f"{path}:{number}: not a rolloutgate trace (no header line)")
-                if line["rolloutgate_trace"] != TRACE_VERSION:
+                if line["rolloutgate_trace"] not in READS:
                     raise TraceError(
-                        f"{path}: trace version {line['rolloutgate_trace']}, this version reads {TRACE_VERSION}"
+                        f"{path}: trace version {line['rolloutgate_trace']}, this version reads {READS}"
                     )
                 header = line
             elif line.get("type") == "request":
@@ -319,10 +324,9 @@ class TraceWorkload:
         freezes = []
         for engine, mark in lost.items():
             if mark["state"] == "quarantined":
-                before = trace.setting("stall_timeout", self.config.stall_timeout_s) + trace.setting(
-                    "hang_check_timeout",
-                    0.0,  # a trace of before the pause check
-                )
+                before = trace.setting("stall_timeout", self.config.stall_timeout_s)
+                if trace.version == 1:  # its gateway asked the pause check after the stall window
+                    before += trace.setting("hang_check_timeout", 0.0)
             else:
                 before = trace.setting("health_failures", 3) * trace.setting("health_interval", 5.0)
             at = max(0.0, float(mark["at"]) - before)
@@ -332,7 +336,7 @@ class TraceWorkload:
 
 def trace_config(path: str | Path, **overrides: Any) -> ReplayConfig:
     """The replay's configuration for the trace at `path`: its engines, its duration, the gateway settings
-    it was recorded with (timeout, stall_timeout), then `overrides` (ReplayConfig fields)."""
+    it was recorded with (timeout, stall_timeout, warmup_timeout), then `overrides` (ReplayConfig fields)."""
     trace = read_trace(path)
     agents = len(TraceWorkload(trace, _DEFAULTS).agents())
     fields: dict[str, Any] = {
@@ -343,4 +347,8 @@ def trace_config(path: str | Path, **overrides: Any) -> ReplayConfig:
         "gateway_timeout_s": trace.setting("timeout", _DEFAULTS.gateway_timeout_s),
         "stall_timeout_s": trace.setting("stall_timeout", _DEFAULTS.stall_timeout_s),
     }
+    warmup = trace.header.get("settings", {}).get("warmup_timeout")
+    if warmup is not None:  # as a gateway setting, before any the caller gives
+        given = tuple(overrides.pop("gateway_settings", ()))
+        fields["gateway_settings"] = (("warmup_timeout", f"{float(warmup):g}"), *given)
     return ReplayConfig(**(fields | overrides))

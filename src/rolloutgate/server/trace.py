@@ -13,10 +13,12 @@ flight by `MAX_PENDING` (the oldest dropped beyond it). A failing write is logge
 the gateway carries on.
 
 Format (JSON Lines; version `TRACE_VERSION`, docs/replay.md "Trace capture and replay"): a header line
-`{"rolloutgate_trace": 1, ...}`, then lines with a `"type"`: `request`, `engine` (a verdict on an engine),
+`{"rolloutgate_trace": 2, ...}`, then lines with a `"type"`: `request`, `engine` (a verdict on an engine),
 `engine_pause`, `gate`. Times (`at`, `end`) are gateway seconds since the header's `started_at` (simulated
 seconds in front of a time-scaled simulator), in the order the lines were written (a request's line comes
-at its end).
+at its end). Version 2: a frozen engine is quarantined `stall_timeout` after its last progress (the pause
+check asked before the verdict, core/liveness.py; version 1's came `hang_check_timeout` later), and the
+header's settings carry `warmup_timeout`.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ __all__ = ("FLUSH_BYTES", "MAX_PENDING", "TRACE_VERSION", "TraceRecorder", "atta
 
 log = logging.getLogger("rolloutgate.trace")
 
-TRACE_VERSION = 1
+TRACE_VERSION = 2
 FLUSH_BYTES = 64 * 1024
 MAX_PENDING = 100_000
 # in an engine's answer (OpenAI usage.prompt_tokens_details, SGLang meta_info): quotes are escaped inside JSON
@@ -243,6 +245,7 @@ def attach_trace(settings: GatewaySettings, driver: Driver, pool: EnginePool) ->
             "hang_check_timeout": settings.hang_check_timeout,
             "health_interval": settings.health_interval,
             "health_failures": settings.health_failures,
+            "warmup_timeout": settings.warmup_timeout,
         },
         "engines": [spec.url for spec in settings.engines],
     }
