@@ -86,6 +86,38 @@ async def test_a_pause_nobody_announced_is_not_charged_and_not_judged(
     await wait_until(flag_cleared, timeout_s=5 * PAUSED_POLL_S / SCALE)
 
 
+@pytest.mark.looptime
+@pytest.mark.parametrize(("mode", "pause_s"), [("in_place", 30.0), ("retract", 120.0)])
+async def test_a_pause_nobody_announced_is_charged_within_a_second_of_the_engines_own_work(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient, mode: str, pause_s: float
+) -> None:
+    """Issue 32's measure, as tests/e2e/test_gateway_sglang.py takes it on real SGLang: a 3,000-token logprob
+    call answered whole is paused on the engine (30 s in place, 120 s by retraction), nobody telling the
+    gateway; its charged time is within 1 s of the engine's own work on it (its `e2e_latency` less the pause)."""
+    cluster = await make_cluster(engines=1, time_scale=SCALE)
+    gateway = await make_gateway(cluster, stall_timeout=60.0)
+    engine_url = cluster.urls[0]
+    call = asyncio.create_task(
+        http.post(f"{gateway.url}/generate", json=generate_body(2_000, TOKENS), timeout=None)
+    )
+    await decoding(cluster, 200)
+    engine = cluster.engines[0]
+    paused_at = engine.now()
+    assert (await http.post(f"{engine_url}/pause_generation", json={"mode": mode})).status_code == 200
+    await asyncio.sleep(pause_s / SCALE)
+    await http.post(f"{engine_url}/continue_generation", json={})
+    paused_s = engine.now() - paused_at
+    response = await call
+    assert response.status_code == 200, response.text
+    meta = response.json()["meta_info"]
+    assert meta["completion_tokens"] == TOKENS
+    timing = final_timing(response)
+    engine_work_s = meta["e2e_latency"] - paused_s
+    print(f"{mode} {pause_s:.0f} s: engine work {engine_work_s:.2f} s, gateway {timing}")
+    assert abs(timing["charged"] - engine_work_s) <= 1.0, (engine_work_s, paused_s, timing)
+    assert await quarantines(http, gateway.url) == 0
+
+
 def sse_chunks(text: str) -> list[dict[str, Any]]:
     return [orjson.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
 
