@@ -73,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-prefix-cache", action="store_true", help="disable the prefix cache")
     parser.add_argument(
+        "--kv-preemption", action="store_true", help="preempt the newest request when the KV cache is full"
+    )
+    parser.add_argument(
         "--tokenizer",
         metavar="DIR",
         default=None,
@@ -109,6 +112,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
             out[field] = value * scale if scale != 1.0 else value
     if args.no_prefix_cache:
         out["enable_prefix_cache"] = False
+    if args.kv_preemption:
+        out["kv_preemption"] = True
     if args.no_output_cost:
         out["output_bytes_per_s"] = math.inf
         out["output_chunk_s"] = 0.0

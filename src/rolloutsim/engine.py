@@ -241,6 +241,7 @@ class SimEngine:
             "cached_tokens_total": model.stats.cached_tokens_total,
             "requests_total": model.stats.requests_total,
             "aborted_total": model.stats.aborted_total,
+            "preempted_total": model.stats.preempted_total,
             "kv_used_tokens": model.kv_used_tokens,
             "prefix_cache_tokens": model.cache.size_tokens,
             "max_running_requests": self.config.max_running_requests,

@@ -11,6 +11,12 @@ Rules:
 1. Continuous batching: at most `max_running_requests` requests are admitted (prefilling or decoding);
    the rest wait in FCFS order. A request is admitted while its context fits the KV capacity (always when the
    engine is empty).
+1a. Preemption (`kv_preemption`, off by default): when a step's new decode tokens would not fit the KV capacity,
+   the newest admitted request goes back to the head of the queue with its KV freed (vLLM's recompute
+   preemption, SGLang's decode retraction), as many as it takes, keeping one; it is prefilled again (prompt and
+   output so far, from the prefix cache where its blocks survive) when it fits. A waiting request is admitted
+   only if its context fits beside one decode step of the running batch, and none in a step that preempted
+   (vLLM's scheduler). The prefix cache is evicted to the room the requests leave after every step.
 2. Prefill costs only the uncached prompt tokens: the prefix cache is matched at admission. A prefill batch
    holds at most `chunked_prefill_size` tokens; one request at a time may be partially prefilled (chunked).
    The step that completes a request's prefill also produces its first token.
@@ -84,6 +90,7 @@ class EngineModel:
         self._vllm = api == "vllm"
         self._no_mix_with_logprobs = config.mixed_skips_logprobs and not self._vllm
         self._free_decode = decode_step_s(config, 1, 1) == 0.0  # every coefficient is zero
+        self._preempts = config.kv_preemption
         self.cache = PrefixCache(config.prefix_block_tokens)
         self._waiting: deque[SimRequest] = deque()
         self._limbo: list[SimRequest] = []  # accepted under the blackhole fault, never started
@@ -354,8 +361,11 @@ class EngineModel:
             if any(r.wants_logprobs for r in decoders) or (head is not None and head.wants_logprobs):
                 mixing = False
         if mixing:
+            preempted = False
+            if self._preempts and decoders:
+                decoders, preempted = self._make_room(decoders)
             budget = self.config.chunked_prefill_size - len(decoders)
-            items = self._take_prefill(budget, start) if budget > 0 else []
+            items = self._take_prefill(budget, start, admit=not preempted) if budget > 0 else []
             if not decoders and not items:
                 return None
             cost = (self._decode_cost() if decoders else 0.0) + self._prefill_cost(items)
@@ -363,6 +373,8 @@ class EngineModel:
             return _Step(kind=kind, end_at=start + cost * self._slow(), decoders=decoders, prefill=items)
         if decoders and (self._decodes_owed > 0 or not self._has_prefill_work()):
             self._decodes_owed = max(0, self._decodes_owed - 1)
+            if self._preempts:
+                decoders, _ = self._make_room(decoders)
             return _Step(kind="decode", end_at=start + self._decode_cost() * self._slow(), decoders=decoders)
         items = self._take_prefill(self.config.chunked_prefill_size, start)
         if not items:
@@ -386,9 +398,49 @@ class EngineModel:
             return True
         if admitted >= self.config.max_running_requests:
             return False
-        return self._kv_used + req.prefill_target <= self.config.kv_capacity_tokens
+        # with preemption, room is left for the running batch's next decode step (vLLM allocates the running
+        # requests' slots before it admits; otherwise the newcomer would be preempted at once)
+        reserve = len(self._running) if self._preempts else 0
+        return self._kv_used + reserve + req.prefill_target <= self.config.kv_capacity_tokens
 
-    def _take_prefill(self, budget: int, at: float) -> list[tuple[SimRequest, int]]:
+    def _make_room(self, decoders: list[SimRequest]) -> tuple[list[SimRequest], bool]:
+        """Preempt the newest admitted requests until one decode step of `decoders` fits the KV capacity; returns
+        the decoders left and whether any request was preempted."""
+        capacity = self.config.kv_capacity_tokens
+        preempted = False
+        while self._kv_used + len(decoders) > capacity:
+            victim = self._newest_admitted()
+            if victim is None:
+                break
+            self._preempt(victim)
+            preempted = True
+            decoders = [r for r in decoders if r is not victim]
+        return decoders, preempted
+
+    def _newest_admitted(self) -> SimRequest | None:
+        """The request preemption takes first: the last admitted (vLLM pops the tail of its running list; the
+        one being prefilled was admitted after every decoding one), never the only one, nor one being aborted."""
+        if len(self._running) + len(self._prefilling) <= 1:
+            return None
+        for pool in (self._prefilling, self._running):
+            for req in reversed(pool.values()):
+                if req.abort_pending is None:
+                    return req
+        return None
+
+    def _preempt(self, req: SimRequest) -> None:
+        """Back to the head of the queue, KV freed; prefilled again (prompt + output so far) when readmitted."""
+        self._release_memory(req)
+        req.state = RequestState.WAITING
+        req.prefill_target = req.context_tokens
+        req.prefilled = 0
+        req.num_retractions += 1
+        if not req.internal:
+            self.stats.retracted_total += 1
+            self.stats.preempted_total += 1
+        self._waiting.appendleft(req)
+
+    def _take_prefill(self, budget: int, at: float, *, admit: bool = True) -> list[tuple[SimRequest, int]]:
         items: list[tuple[SimRequest, int]] = []
         partial = False  # a request in this batch stays unfinished: nobody else may start
         chunked = self._chunked
@@ -397,7 +449,7 @@ class EngineModel:
             items.append((chunked, n))
             budget -= n
             partial = chunked.prefilled + n < chunked.prefill_target
-        while budget > 0 and not partial and self._waiting and self._can_admit(self._waiting[0]):
+        while admit and budget > 0 and not partial and self._waiting and self._can_admit(self._waiting[0]):
             req = self._waiting.popleft()
             self._admit(req, at)
             n = min(req.prefill_target - req.prefilled, budget)
@@ -445,6 +497,8 @@ class EngineModel:
             self._finish(req, req.abort_pending or FinishReason(kind="abort", message="Aborted"), at)
         self._pending_aborts.clear()
         self.stats.progress_events += 1
+        if self._preempts:
+            self.cache.evict_to(self.config.kv_capacity_tokens - self._kv_used)
 
     def _start_decoding(self, req: SimRequest, at: float) -> None:
         del self._prefilling[req.rid]
@@ -468,6 +522,9 @@ class EngineModel:
             self._complete(step)
             return
         max_steps = min(r.limit - r.completion_tokens for r in decoders)
+        if self._preempts:  # no further than the KV room goes (the step itself was planned to fit)
+            room = self.config.kv_capacity_tokens - self._kv_used
+            max_steps = min(max_steps, max(1, room // len(decoders)))
         at = step.end_at
         if self._free_decode:
             ends = [at] * max_steps  # no time passes: run to the first finish at once
@@ -488,6 +545,8 @@ class EngineModel:
         for req in decoders:
             self._emit(req, len(ends), at, ends)
         self.stats.progress_events += len(ends)
+        if self._preempts:
+            self.cache.evict_to(self.config.kv_capacity_tokens - self._kv_used)
 
     def _emit(self, req: SimRequest, count: int, at: float, times: list[float] | None = None) -> None:
         if req.completion_tokens == 0:

@@ -19,9 +19,11 @@ def _gauge(name: str, labels: str, value: float, kind: str = "gauge") -> list[st
 
 
 def _output_path(model: EngineModel, now: float, labels: str) -> list[str]:
-    """The simulator's own counters of the output path (sim/output_path.py), the same in both flavours."""
+    """The simulator's own counters, the same in both flavours: KV preemptions (`kv_preemption`; also counted in
+    the engines' own retraction/preemption counters), and the output path's (sim/output_path.py)."""
     output = model.output
     lines: list[str] = []
+    lines += _gauge("sim:num_preemptions_total", labels, model.stats.preempted_total, "counter")
     for name, value in (
         ("output_bytes_total", output.bytes_total),
         ("output_chunks_total", output.chunks_total),

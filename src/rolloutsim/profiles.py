@@ -59,6 +59,12 @@ class SimEngineConfig:
     decode_per_ktoken_s: float = 0.0001
     # memory
     kv_capacity_tokens: int = 65_536
+    # preemption under KV pressure (vLLM's recompute preemption, SGLang's decode retraction; off: admission is
+    # the only memory check and running requests may grow past the capacity): when a step's new tokens would not
+    # fit, the newest admitted request goes back to the head of the queue, its KV freed, and is prefilled again
+    # (prompt + output so far) when it fits; a waiting request is admitted only if its context fits beside one
+    # decode step of the running batch; no admission in a step that preempted (docs/simulator.md "Physics")
+    kv_preemption: bool = False
     enable_prefix_cache: bool = True
     prefix_block_tokens: int = 16  # cache granularity (vLLM block / SGLang page)
     context_len: int = 32_768

@@ -49,6 +49,7 @@ class EngineStats:
         "finished_by_reason",
         "finished_generated_tokens_total",
         "generated_tokens_total",
+        "preempted_total",
         "progress_events",
         "prompt_tokens_total",
         "queue_time",
@@ -64,7 +65,8 @@ class EngineStats:
         self.cached_tokens_total = 0
         self.requests_total = 0
         self.aborted_total = 0
-        self.retracted_total = 0
+        self.retracted_total = 0  # every retraction: a `retract` pause's and a KV preemption's
+        self.preempted_total = 0  # KV preemptions only (`kv_preemption`)
         self.finished_by_reason: dict[str, int] = {}
         self.progress_events = 0  # steps completed (SGLang's health check watches for any)
         self.ttft = Histogram()
