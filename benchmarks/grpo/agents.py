@@ -28,7 +28,8 @@ take a group (`n` trajectories) when the staleness manager allows (`_compute_cap
 worker's start to its slowest trajectory's end. Each parameter's source is in docs/rl.md's section.
 Extra figures per engine: the time each call waited to start on its engine (gateway and engine queue),
 its KV use sampled every `probe_s` (mean and peak, % of capacity), and SkyRL's `run_cv` (the spread of
-running requests across engines, std / mean, averaged over the samples).
+running requests across engines, std / mean, averaged over the samples), and the KV preemptions each engine
+made (the profile turns on the engine model's `kv_preemption`: vLLM's recompute preemption when the KV is full).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from benchmarks.kit.world import VirtualWorld
 from rolloutgate.config import GatewaySettings
 from rolloutgate.core.commands import Command
 from rolloutgate.core.events import RequestArrived, SessionEnded
-from rolloutsim.profiles import make_config
+from rolloutsim.profiles import decode_step_s, make_config
 from rolloutsim.request import SimRequest
 
 __all__ = ("PLACEMENTS", "PROFILES", "SKYRL_1791", "AgentsConfig", "AgentsRun", "main", "run_agents")
@@ -80,6 +81,10 @@ class AgentsConfig:
     # engine overrides on the `incident` profile (None: the profile's)
     kv_capacity_tokens: int | None = None
     decode_base_s: float | None = None
+    decode_per_ktoken_s: float | None = None
+    kv_preemption: bool = (
+        False  # preempt the newest request when a step would overflow the KV (vLLM recompute)
+    )
     prefill_tokens_per_s: float | None = None
     prefix_block_tokens: int | None = None
     prefill_mode: str | None = None  # "mixed": vLLM's chunked prefill beside the decodes
@@ -106,6 +111,7 @@ class AgentsRun:
     kv_used: list[list[float]] = field(default_factory=list)  # per engine: sampled KV use / capacity
     running: list[list[int]] = field(default_factory=list)  # per sample: running requests per engine
     engine_hit_rate: list[float] = field(default_factory=list)
+    preemptions: list[int] = field(default_factory=list)  # per engine: KV preemptions (the engines' counters)
     peak_trajectories: int = 0  # closed loop: most trajectories running at once
     peak_groups: int = 0  # closed loop: most groups being generated at once
 
@@ -145,6 +151,7 @@ class AgentsRun:
             if self.running
             else 0.0,
             "engine_hit_rate": [round(h, 3) for h in self.engine_hit_rate],
+            "preemptions": self.preemptions,
         }
 
 
@@ -336,6 +343,29 @@ class _ClosedLoop:
         self.start_work(now)
 
 
+class _PreemptingWorld(VirtualWorld):
+    """The virtual world for engines that preempt (`kv_preemption`): an engine running decodes only is looked at
+    again no later than the step its KV room runs out at, where it may preempt (the world's prediction of its
+    first finish assumes the batch stays whole); the engine model stops its decode bursts there too."""
+
+    def _first_finish_at(self, index: int, horizon: float) -> float:
+        at = super()._first_finish_at(index, horizon)
+        model = self.engines[index]
+        requests = [a.req for a in self._live[index].values()]
+        room = self.engine_config.kv_capacity_tokens - model.kv_used_tokens
+        steps = max(1, room // len(requests))
+        if steps >= min(r.limit - r.completion_tokens for r in requests):
+            return at
+        until = model.next_event_at()
+        context = sum(r.context_tokens for r in requests)
+        for _ in range(steps - 1):
+            context += len(requests)
+            until += decode_step_s(self.engine_config, len(requests), context)
+            if until > horizon:
+                break
+        return min(at, until)
+
+
 def _probe(world: VirtualWorld, run: AgentsRun, every: float, capacity: int, agents: _Agents) -> None:
     def sample(now: float) -> None:
         run.running.append([model.running_count for model in world.engines])
@@ -359,12 +389,14 @@ def run_agents(config: AgentsConfig) -> AgentsRun:
         record_token_times=True,
         kv_capacity_tokens=config.kv_capacity_tokens,
         decode_base_s=config.decode_base_s,
+        decode_per_ktoken_s=config.decode_per_ktoken_s,
+        kv_preemption=config.kv_preemption or None,
         prefill_tokens_per_s=config.prefill_tokens_per_s,
         prefix_block_tokens=config.prefix_block_tokens,
         prefill_mode=config.prefill_mode,
         chunked_prefill_size=config.chunked_prefill_size,
     )
-    world = agents.world = VirtualWorld(
+    world = agents.world = (_PreemptingWorld if engine.kv_preemption else VirtualWorld)(
         settings,
         engine,
         engines=config.engines,
@@ -378,6 +410,7 @@ def run_agents(config: AgentsConfig) -> AgentsRun:
     if config.workers is not None:
         agents._loop.start_work(0.0)
     world.run(agents)
+    run.preemptions = [model.stats.preempted_total for model in world.engines]
     last_attempts: dict[str, SimRequest] = {}
     first_engine: dict[str, int] = {}  # each trajectory's first turn's engine
     for index, req in world.generations:
@@ -430,6 +463,10 @@ SKYRL_1791 = AgentsConfig(
     tool_s=(1.0, 10.0),  # assumed: ~58% of trajectories in the engine (running 76 of 132)
     kv_capacity_tokens=876_000,  # gpu_memory_utilization=0.75 on a B200 with GLM 4.7 TP 8 (derived)
     decode_base_s=0.030,  # TPOT ~40 ms at low pressure (TPOT table)
+    # KV read per decode step (reference/engines.md's estimate: bytes / HBM bandwidth / ~0.7): 47,104 bytes a
+    # token a GPU (above) / (8 TB/s, B200's HBM3e, x 0.7) = 8.4 us per 1K tokens of the batch's context
+    decode_per_ktoken_s=0.0000084,
+    kv_preemption=True,  # vLLM's recompute preemption when the KV is full (SkyRL: 32 against 6)
     prefill_tokens_per_s=40_000.0,  # assumed (TTFT ~0.2 s at low pressure bounds it only from below)
     prefill_mode="mixed",  # vLLM engines (vllm-router): chunked prefill beside the decodes
     chunked_prefill_size=8192,  # assumed vLLM's default max_num_batched_tokens for an API server
@@ -467,9 +504,10 @@ def main(argv: list[str] | None = None) -> None:
     if closed:
         print(
             "| seed | placement | group min / p50 / p90 / max / mean (s) | hit rate | sessions per engine "
-            "| wait to start, mean per engine (s) | KV mean / peak per engine (%) | run_cv | running | makespan (s) |"
+            "| wait to start, mean per engine (s) | KV mean / peak per engine (%) | run_cv | running "
+            "| preemptions per engine (total) | makespan (s) |"
         )
-        print("| ---: | --- | ---: | ---: | --- | --- | --- | ---: | ---: | ---: |")
+        print("| ---: | --- | ---: | ---: | --- | --- | --- | ---: | ---: | --- | ---: |")
     else:
         print(
             "| seed | placement | group completion p50 / p90 / max (s) | hit rate | sessions per engine "
@@ -494,7 +532,8 @@ def main(argv: list[str] | None = None) -> None:
             print(
                 f"| {seed} | {placement} | {e['group_min_s']} / {times['p50']} / {times['p90']} / {times['max']} / "
                 f"{e['group_mean_s']} | {s['hit_rate']:.1%} | {s['sessions_per_engine']} | {e['wait_mean_s']} | "
-                f"{kv} | {e['run_cv']} | {e['running_mean']} | {s['makespan_s']} |",
+                f"{kv} | {e['run_cv']} | {e['running_mean']} | {e['preemptions']} ({sum(e['preemptions'])}) | "
+                f"{s['makespan_s']} |",
                 flush=True,
             )
 

@@ -66,3 +66,17 @@ def test_skyrl_profile_is_the_prs_load() -> None:
     assert (SKYRL_1791.engines, SKYRL_1791.n, SKYRL_1791.workers, SKYRL_1791.mini_batch) == (4, 16, 12, 4)
     assert (SKYRL_1791.max_staleness, SKYRL_1791.train_s, SKYRL_1791.max_concurrency) == (4, 60.0, 132)
     assert SKYRL_1791.max_model_len == 128_000
+
+
+def test_skyrl_profile_preempts_under_kv_pressure() -> None:
+    """The profile turns on the engine model's KV preemption; a small closed loop on a KV too small for its
+    trajectories preempts, and every group still completes (a preempted call is prefilled again, not lost)."""
+    assert SKYRL_1791.kv_preemption and SKYRL_1791.kv_capacity_tokens == 876_000
+    tight = replace(
+        CLOSED, engines=1, kv_preemption=True, kv_capacity_tokens=3_000, placement="consistent_hash"
+    )
+    run = run_agents(tight)
+    assert len(run.group_completion_s) == CLOSED.groups and run.failed_turns == 0
+    assert len(run.preemptions) == 1 and sum(run.preemptions) > 0
+    assert run.engine_summary()["preemptions"] == run.preemptions
+    assert sum(run_agents(replace(tight, kv_preemption=False)).preemptions) == 0
