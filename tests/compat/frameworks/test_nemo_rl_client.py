@@ -32,11 +32,11 @@ rolloutgate's timing breakdown and state, which NeMo RL does not, to see what wa
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-import httpx
 import pytest
 from tests.compat.frameworks.sim_engines import wait_running
+from tests.compat.frameworks.wire_clients import NemoRL
+from tests.compat.frameworks.wire_clients import nemo_sampling_params as sampling_params
 from tests.server import conftest as server_conftest
 from tests.server.conftest import MakeCluster, MakeGateway
 from tests.server.users_path import final_timing, quarantines
@@ -48,121 +48,6 @@ make_gateway = server_conftest.make_gateway
 SCALE = 20.0
 ADMIN_TOKEN = "trainer-only-7c31"  # NeMo RL sends none; the admin API stays behind it
 CLUSTER_NETWORK = ["127.0.0.0/8"]  # `--trust-network`: the engines' network, loopback here
-POLL_S = 0.5 / SCALE  # NeMo RL's own waits (0.5 s, 2 s), on the simulator's time scale
-
-
-def sampling_params(max_new_tokens: int) -> dict[str, Any]:
-    """`_build_sampling_params` for a sampled (not greedy) batch with NeMo RL's defaults (top_k unset)."""
-    return {
-        "temperature": 1.0,
-        "top_p": 1.0,
-        "max_new_tokens": max_new_tokens,
-        "no_stop_trim": True,
-        "spaces_between_special_tokens": False,
-    }
-
-
-class NemoRL:
-    """NeMo RL's SGLang backend on the wire: its workers' registration, its batch generation, its refit."""
-
-    def __init__(self, router_url: str) -> None:
-        self.router_url = router_url
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None))
-        self.retries = 0
-        self.served_by: list[str] = []  # rolloutgate's `X-Rolloutgate-Engine` per answer (NeMo RL ignores it)
-
-    async def close(self) -> None:
-        await self.client.aclose()
-
-    async def post(self, url: str, payload: dict[str, Any]) -> Any:
-        """`HttpClient.post`: 3 tries, 1 s apart (on the simulator's scale), on any error."""
-        for attempt in range(3):
-            try:
-                response = await self.client.post(url, json=payload or {})
-                response.raise_for_status()
-                self.served_by.append(
-                    response.headers.get("X-Rolloutgate-Engine", "")
-                )  # absent after keep-alive
-                return response.json()
-            except (httpx.HTTPError, ValueError):
-                self.retries += 1
-                if attempt == 2:
-                    raise
-                await asyncio.sleep(1 / SCALE)
-        raise AssertionError("unreachable")
-
-    # -- SGLangGenerationWorker
-    async def launch_and_register(self, engine_url: str) -> int:
-        for path in ("/health_generate", "/flush_cache"):  # _wait_server_healthy, bounded here
-            for _ in range(100):
-                if (await self.client.get(f"{engine_url}{path}")).status_code == 200:
-                    break
-                await asyncio.sleep(2 / SCALE)
-            else:
-                raise AssertionError(f"{engine_url}{path} never 200")
-        response = await self.client.post(
-            f"{self.router_url}/workers", json={"url": engine_url, "worker_type": "regular"}
-        )
-        response.raise_for_status()
-        for _ in range(60):  # _wait_for_router_registration: 30 s at 0.5 s
-            listed = await self.client.get(f"{self.router_url}/workers", timeout=5)
-            listed.raise_for_status()
-            if any(w.get("url") == engine_url for w in listed.json().get("workers", [])):
-                return response.status_code
-            await asyncio.sleep(POLL_S)
-        raise RuntimeError(f"Timed out waiting for worker {engine_url} to appear in router")
-
-    async def shutdown(self, engine_url: str) -> int:
-        workers = (await self.client.get(f"{self.router_url}/workers")).json()["workers"]
-        (worker,) = [w for w in workers if w["url"] == engine_url]
-        response = await self.client.delete(f"{self.router_url}/workers/{worker['id']}")
-        response.raise_for_status()
-        return response.status_code
-
-    # -- SGLangGeneration
-    async def generate_one_sample(
-        self, input_ids: list[int], max_new_tokens: int
-    ) -> tuple[list[int], list[float], bool]:
-        payload = {
-            "sampling_params": sampling_params(max_new_tokens),
-            "return_logprob": True,
-            "input_ids": input_ids,
-        }
-        output = await self.post(f"{self.router_url}/generate", payload)
-        triples = output["meta_info"].get("output_token_logprobs", [])
-        finish_reason = output["meta_info"].get("finish_reason") or {}
-        return [t[1] for t in triples], [t[0] for t in triples], finish_reason.get("type") == "length"
-
-    async def generate(
-        self, batch: list[list[int]], max_new_tokens: int
-    ) -> list[tuple[list[int], list[float], bool]]:
-        semaphore = asyncio.Semaphore(1024)
-
-        async def bounded(ids: list[int]) -> tuple[list[int], list[float], bool]:
-            async with semaphore:
-                return await self.generate_one_sample(ids, max_new_tokens)
-
-        return list(await asyncio.gather(*(bounded(ids) for ids in batch)))
-
-    # -- SGLangWeightSynchronizer._refit (#3612), on every engine directly
-    async def pause(self, engine_urls: list[str], mode: str) -> None:
-        for url in engine_urls:
-            (await self.client.post(f"{url}/pause_generation", json={"mode": mode})).raise_for_status()
-
-    async def flush(self, engine_urls: list[str]) -> list[int]:
-        """`invalidate_kv_cache`: `GET /flush_cache` on each engine; its statuses (`_refit` raises on a non-200)."""
-        return [(await self.client.get(f"{url}/flush_cache")).status_code for url in engine_urls]
-
-    async def transfer(self, engine_urls: list[str], version: str) -> None:
-        for url in engine_urls:
-            updated = await self.client.post(
-                f"{url}/update_weights_from_disk", json={"model_path": f"/ckpt/{version}"}
-            )
-            updated.raise_for_status()
-
-    async def resume(self, engine_urls: list[str]) -> None:
-        for url in engine_urls:
-            (await self.client.post(f"{url}/continue_generation", json={})).raise_for_status()
 
 
 @pytest.mark.looptime
@@ -177,7 +62,7 @@ async def test_nemo_rl_registers_healthy_workers_generates_a_batch_and_removes_t
     gateway = await make_gateway(
         engines=[], admin_token=ADMIN_TOKEN, trusted_networks=CLUSTER_NETWORK, capacity=4
     )
-    nemo = NemoRL(gateway.url)
+    nemo = NemoRL(gateway.url, time_scale=SCALE)
     try:
         assert [await nemo.launch_and_register(url) for url in cluster.urls] == [201, 201]
         workers = (await nemo.client.get(f"{gateway.url}/workers")).json()["workers"]
@@ -210,7 +95,7 @@ async def test_a_refit_with_retract_pause_during_a_generation_is_not_charged_and
     gateway = await make_gateway(
         cluster, stall_timeout=60.0, admin_token=ADMIN_TOKEN, trusted_networks=CLUSTER_NETWORK
     )
-    nemo = NemoRL(gateway.url)
+    nemo = NemoRL(gateway.url, time_scale=SCALE)
     engines = list(cluster.urls)
     try:
         body = {
@@ -260,7 +145,7 @@ async def test_a_refit_with_abort_pause_gives_nemo_rl_whole_samples(
     sample."""
     cluster = await make_cluster(engines=1, api="sglang", time_scale=SCALE)
     gateway = await make_gateway(cluster, admin_token=ADMIN_TOKEN, trusted_networks=CLUSTER_NETWORK)
-    nemo = NemoRL(gateway.url)
+    nemo = NemoRL(gateway.url, time_scale=SCALE)
     engines = list(cluster.urls)
     try:
         sample = asyncio.create_task(nemo.generate_one_sample(list(range(1, 500)), 2_000))

@@ -30,14 +30,13 @@ test shows it); here every turn is a chat completion with the OpenAI SDK, as pri
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import Counter
-from typing import Any
 
 import httpx
 import pytest
-from openai import AsyncOpenAI
 from tests.compat.frameworks.sim_engines import wait_running
+from tests.compat.frameworks.wire_clients import PRIME_RL_API_KEY as API_KEY
+from tests.compat.frameworks.wire_clients import Episode, PrimeRLClients
 from tests.server import conftest as server_conftest
 from tests.server.conftest import MakeCluster, MakeGateway
 
@@ -45,87 +44,6 @@ make_cluster = server_conftest.make_cluster  # the gateway tests' fixtures, reus
 make_gateway = server_conftest.make_gateway
 
 SCALE = 100.0
-MODEL = "sim-model"
-API_KEY = "prime-key"  # $VLLM_API_KEY, prime-rl's `api_key_var` default
-
-
-class PrimeRLClients:
-    """The orchestrator's data plane (an OpenAI client on `base_url`) and its session client (module docstring)."""
-
-    def __init__(self, base_url: str) -> None:
-        self.openai = AsyncOpenAI(base_url=base_url, api_key=API_KEY, max_retries=10, timeout=3600.0)
-        router = base_url.rstrip("/").removesuffix("/v1")
-        self.session_client = httpx.AsyncClient(
-            base_url=router, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=httpx.Timeout(None)
-        )
-        self.released: list[tuple[str, int]] = []  # (session id, HTTP status) per /finish_session
-
-    async def close(self) -> None:
-        await self.openai.close()
-        await self.session_client.aclose()
-
-    async def wait_for_ready(self) -> None:
-        response = await self.session_client.get("/health")
-        response.raise_for_status()
-
-    async def finish_sessions(self, session_ids: list[str]) -> None:
-        async def finish_session(session_id: str) -> None:
-            response = await self.session_client.post(
-                "/finish_session",
-                timeout=httpx.Timeout(connect=10.0, read=5.0, write=60.0, pool=10.0),
-                params={"session_id": session_id},
-            )
-            self.released.append((session_id, response.status_code))
-            with contextlib.suppress(httpx.HTTPStatusError):  # logged at debug level, never raised
-                response.raise_for_status()
-
-        if session_ids:
-            await asyncio.gather(*(finish_session(session_id) for session_id in session_ids))
-
-
-class Episode:
-    """One rollout: its traces (one session each, `X-Session-ID: <trace id>` on every call), run as the
-    dispatcher's episode task runs it: its turns, then `finish_sessions(sorted(trace ids))` in `finally`."""
-
-    def __init__(self, clients: PrimeRLClients, trace_ids: list[str]) -> None:
-        self.clients = clients
-        self.trace_ids = trace_ids
-        self.engines: dict[str, list[str]] = {trace: [] for trace in trace_ids}
-        self.messages: dict[str, list[Any]] = {
-            t: [{"role": "user", "content": f"task {t}"}] for t in trace_ids
-        }
-
-    async def turn(self, trace_id: str, max_tokens: int = 6) -> None:
-        raw = await self.clients.openai.chat.completions.with_raw_response.create(
-            model=MODEL,
-            messages=self.messages[trace_id],
-            max_tokens=max_tokens,
-            logprobs=True,
-            extra_headers={"X-Session-ID": trace_id},
-            extra_body={"return_token_ids": True, "ignore_eos": True},
-        )
-        completion = raw.parse()
-        self.engines[trace_id].append(raw.headers["X-Rolloutgate-Engine"])
-        reply = completion.choices[0].message
-        self.messages[trace_id] = [
-            *self.messages[trace_id],
-            {"role": "assistant", "content": reply.content or ""},
-            {"role": "user", "content": "tool output"},
-        ]
-
-    async def run(self, turns: int, *, fail_after: int | None = None, last_turn_tokens: int = 6) -> None:
-        try:
-            for n in range(turns):
-                if fail_after is not None and n == fail_after:
-                    raise RuntimeError("env exploded")  # the env server's error: a DispatchFailure
-                tokens = last_turn_tokens if n == turns - 1 else 6
-                await asyncio.gather(*(self.turn(trace, tokens) for trace in self.trace_ids))
-        finally:
-            await asyncio.shield(self.clients.finish_sessions(sorted(self.trace_ids)))
-
-    def engine(self, trace_id: str) -> str:
-        (engine,) = set(self.engines[trace_id])  # every call of a trace on one engine
-        return engine
 
 
 @pytest.mark.looptime

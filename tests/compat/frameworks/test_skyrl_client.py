@@ -31,10 +31,9 @@ import uuid
 from collections import Counter
 from typing import Any
 
-import aiohttp
-import orjson
 import pytest
 from tests.compat.frameworks.sim_engines import wait_running
+from tests.compat.frameworks.wire_clients import SkyRLClient, Trajectory
 from tests.server import conftest as server_conftest
 from tests.server.conftest import MakeCluster, MakeGateway
 
@@ -42,119 +41,6 @@ make_cluster = server_conftest.make_cluster  # the gateway tests' fixtures, reus
 make_gateway = server_conftest.make_gateway
 
 SCALE = 100.0
-MODEL = "sim-model"
-
-
-class SkyRLClient:
-    """`RemoteInferenceClient`'s data plane as it goes over the wire (module docstring)."""
-
-    def __init__(self, proxy_url: str) -> None:
-        self.proxy_url = proxy_url
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2)
-        self.session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
-        self.finished: list[tuple[str, int]] = []  # (session id, HTTP status) per finish_session call
-        self.loops: list[asyncio.Task[None]] = []  # the agent loops it serves, ended before it closes
-
-    async def close(self) -> None:
-        for task in self.loops:
-            task.cancel()
-        await asyncio.gather(*self.loops, return_exceptions=True)
-        await self.session.close()
-
-    async def _post(self, url: str, json: dict[str, Any], headers: dict[str, str]) -> tuple[Any, str]:
-        async with self.session.post(url, json=json, headers=headers) as resp:
-            body = orjson.loads(await resp.read())
-            assert resp.status < 400, body
-            return body, resp.headers["X-Rolloutgate-Engine"]
-
-    async def _routed(self, path: str, request_payload: dict[str, Any]) -> tuple[Any, str]:
-        body = dict(request_payload["json"])
-        session_id = body.pop("session_id", None)
-        body["model"] = body.get("model") or MODEL
-        headers = {"Content-Type": "application/json"}
-        if session_id:
-            headers["X-Session-ID"] = str(session_id)
-        return await self._post(f"{self.proxy_url}{path}", body, headers)
-
-    async def generate_single(
-        self, prompt_token_ids: list[int], sampling_params: dict[str, Any], session_id: str | None
-    ) -> tuple[dict[str, Any], str]:
-        """`_generate_single`: its payload, its headers, what it reads of the answer."""
-        payload = {"sampling_params": sampling_params, "model": MODEL, "token_ids": prompt_token_ids}
-        headers = {"Content-Type": "application/json"}
-        if session_id:
-            headers["X-Session-ID"] = str(session_id)
-        response, engine = await self._post(f"{self.proxy_url}/inference/v1/generate", payload, headers)
-        choice = response["choices"][0]
-        logprobs = choice.get("logprobs")
-        content = logprobs.get("content", []) if logprobs is not None else []
-        result = {
-            "stop_reason": choice["finish_reason"],
-            "response_ids": choice["token_ids"],
-            "response_logprobs": [info["logprob"] for info in content] if content else None,
-        }
-        return result, engine
-
-    async def completion(self, request_payload: dict[str, Any]) -> tuple[Any, str]:
-        return await self._routed("/v1/completions", request_payload)
-
-    async def chat_completion(self, request_payload: dict[str, Any]) -> tuple[Any, str]:
-        return await self._routed("/v1/chat/completions", request_payload)
-
-    async def finish_session(self, session_id: str) -> None:
-        if not session_id:
-            return
-        async with self.session.post(
-            f"{self.proxy_url}/finish_session",
-            params={"session_id": str(session_id)},
-            timeout=aiohttp.ClientTimeout(total=10.0),
-        ) as resp:
-            await resp.read()
-            self.finished.append((session_id, resp.status))
-
-
-class Trajectory:
-    """`SkyRLGymGenerator.agent_loop`'s shape: one session for all its turns, released in `finally`. The test
-    hands it its turns one at a time (their `max_tokens`; None ends it) to order the trajectories' phases."""
-
-    OBS_IDS = [13, 29, 7]  # the environment's observation, appended after each output
-
-    def __init__(self, client: SkyRLClient, instance_id: int, repetition_id: int = 0) -> None:
-        self.client = client
-        self.session_id = f"{instance_id}_{repetition_id}"
-        self.prompt_ids = [1, 100 + instance_id, *range(2, 40)]
-        self.engines: list[str] = []
-        self._steps: asyncio.Queue[tuple[int | None, asyncio.Future[None]]] = asyncio.Queue()
-        self.task = asyncio.create_task(self.agent_loop())
-        client.loops.append(self.task)
-
-    async def agent_loop(self) -> None:
-        try:
-            while True:
-                max_tokens, done = await self._steps.get()
-                if max_tokens is None:
-                    done.set_result(None)
-                    return
-                params = {"max_tokens": max_tokens, "ignore_eos": True, "logprobs": 0}
-                result, engine = await self.client.generate_single(self.prompt_ids, params, self.session_id)
-                assert len(result["response_ids"]) == max_tokens == len(result["response_logprobs"])
-                self.engines.append(engine)
-                self.prompt_ids = self.prompt_ids + result["response_ids"] + self.OBS_IDS
-                done.set_result(None)
-        finally:
-            await self.client.finish_session(self.session_id)
-
-    def start_turn(self, max_tokens: int | None) -> asyncio.Future[None]:
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._steps.put_nowait((max_tokens, done))
-        return done
-
-    async def turn(self, max_tokens: int = 8) -> None:
-        await self.start_turn(max_tokens)
-
-    async def end(self) -> None:
-        await self.start_turn(None)
-        await self.task
 
 
 @pytest.mark.looptime

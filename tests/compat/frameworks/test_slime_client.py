@@ -39,13 +39,13 @@ import asyncio
 import itertools
 import json
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import httpx
 import pytest
 from tests.compat.frameworks.sim_engines import wait_running
+from tests.compat.frameworks.wire_clients import Sample, Slime
+from tests.compat.frameworks.wire_clients import slime_sampling_params as sampling_params
 from tests.server import conftest as server_conftest
 from tests.server.conftest import MakeCluster, MakeGateway
 from tests.sim.helpers import wait_until
@@ -61,149 +61,10 @@ CLUSTER_NETWORK = ["127.0.0.0/8"]  # `--trust-network`: the engines' and the rol
 # slime's own waits, on the simulator's time scale (an engine second lasts 1/SCALE here)
 ABORT_RETRY_INTERVAL_S = 3 / SCALE  # server_control.ABORT_RETRY_INTERVAL_SECONDS
 POST_RETRY_INTERVAL_S = 1 / SCALE  # http_utils._post's sleep between tries
-
-
-@dataclass
-class Sample:
-    """The fields of slime's `Sample` that its rollout reads and writes."""
-
-    prompt_ids: list[int]
-    session_id: str = field(default_factory=lambda: str(uuid.uuid4()))
-    tokens: list[int] = field(default_factory=list)
-    response_length: int = 0
-    log_probs: list[float] = field(default_factory=list)
-    response: str = ""
-    status: str = "pending"
-    weight_versions: list[str] = field(default_factory=list)
-
-    def append_response_tokens(
-        self, tokens: list[int], log_probs: list[float], meta: dict[str, Any], text: str
-    ) -> None:
-        assert len(log_probs) == len(tokens)
-        self.response += text
-        self.tokens += tokens
-        self.response_length += len(tokens)
-        self.log_probs += log_probs
-        if "finish_reason" not in meta:
-            return
-        if "weight_version" in meta:
-            self.weight_versions.append(meta["weight_version"])
-        self.status = {"length": "truncated", "abort": "aborted", "stop": "completed"}[
-            meta["finish_reason"]["type"]
-        ]
-
-
-def sampling_params(max_new_tokens: int) -> dict[str, Any]:
-    """`GenerateState.sampling_params` with slime's defaults (`--rollout-temperature 1` ... `--rollout-top-k -1`)."""
-    return {
-        "temperature": 1.0,
-        "top_p": 1.0,
-        "top_k": -1,
-        "max_new_tokens": max_new_tokens,
-        "stop": None,
-        "stop_token_ids": None,
-        "skip_special_tokens": False,
-        "no_stop_trim": True,
-        "spaces_between_special_tokens": False,
-    }
-
-
-class Slime:
-    """slime's HTTP side: its engines' registration and removal, its rollout, its step-end abort."""
-
-    def __init__(self, router_url: str, engines: int, *, consistent_hashing: bool = False) -> None:
-        self.router_url = router_url
-        self.consistent_hashing = consistent_hashing
-        self.client = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=512 * engines), timeout=httpx.Timeout(None), trust_env=False
-        )
-        self.retries = 0  # slime's `_post` retries any error; none is expected here
-        self.pendings: set[asyncio.Task[Sample]] = set()
-
-    async def close(self) -> None:
-        for task in self.pendings:
-            task.cancel()
-        await asyncio.gather(*self.pendings, return_exceptions=True)
-        await self.client.aclose()
-
-    async def post(self, url: str, payload: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
-        for attempt in range(60):
-            try:
-                response = await self.client.post(url, json=payload or {}, headers=headers)
-                response.raise_for_status()
-                return json.loads(response.content) if response.content.strip() else ""
-            except (httpx.HTTPError, ValueError):
-                self.retries += 1
-                if attempt == 59:
-                    raise
-                await asyncio.sleep(POST_RETRY_INTERVAL_S)
-        raise AssertionError("unreachable")
-
-    async def get(self, url: str) -> Any:
-        response = await self.client.get(url)
-        response.raise_for_status()
-        return json.loads(response.content)
-
-    # -- SGLangEngine
-    async def register(self, engine_url: str) -> int:
-        response = await self.client.post(
-            f"{self.router_url}/workers", json={"url": engine_url, "worker_type": "regular"}
-        )
-        response.raise_for_status()
-        return response.status_code
-
-    async def unregister(self, engine_url: str) -> int:
-        workers = (await self.client.get(f"{self.router_url}/workers")).json()["workers"]
-        (worker,) = [w for w in workers if w["url"] == engine_url]
-        response = await self.client.delete(f"{self.router_url}/workers/{worker['id']}")
-        response.raise_for_status()
-        return response.status_code
-
-    # -- sglang_rollout
-    async def generate(self, sample: Sample, max_new_tokens: int) -> Sample:
-        params = sampling_params(max_new_tokens - sample.response_length)
-        payload = {
-            "sampling_params": params,
-            "return_logprob": True,
-            "input_ids": sample.tokens or sample.prompt_ids,
-        }
-        if not sample.tokens:
-            sample.tokens = list(sample.prompt_ids)
-        headers = {"X-SMG-Routing-Key": sample.session_id} if self.consistent_hashing else None
-        output = await self.post(f"{self.router_url}/generate", payload, headers=headers)
-        triples = output["meta_info"].get("output_token_logprobs", [])
-        sample.append_response_tokens(
-            [t[1] for t in triples], [t[0] for t in triples], output["meta_info"], output["text"]
-        )
-        return sample
-
-    def submit(self, samples: list[Sample], max_new_tokens: int) -> None:
-        for sample in samples:
-            self.pendings.add(asyncio.create_task(self.generate(sample, max_new_tokens)))
-
-    async def abort_server_until_idle(self, url: str) -> int:
-        """server_control's loop, bounded here; the number of abort rounds it took."""
-        for attempt in range(1, 21):
-            await self.post(f"{url}/abort_request", {"abort_all": True})
-            load = await self.get(f"{url}/v1/loads?include=core")
-            if sum(s["num_running_reqs"] + s["num_waiting_reqs"] for s in load["loads"]) <= 0:
-                return attempt
-            await asyncio.sleep(ABORT_RETRY_INTERVAL_S)
-        raise AssertionError(f"{url} never idle")
-
-    async def abort(self, *, router_first: bool = False) -> list[Sample]:
-        """sglang_rollout.abort; `router_first`: with the patch of docs/frameworks/slime.md."""
-        response = await self.get(f"{self.router_url}/workers")
-        urls = [worker["url"] for worker in response["workers"]]
-        if router_first:
-            await self.post(f"{self.router_url}/abort_request", {"abort_all": True})
-        rounds = await asyncio.gather(*(self.abort_server_until_idle(url) for url in urls))
-        assert all(r >= 1 for r in rounds)
-        aborted = []
-        while self.pendings:
-            done, self.pendings = await asyncio.wait(self.pendings, return_when=asyncio.FIRST_COMPLETED)
-            aborted += [task.result() for task in done]
-        return aborted
+SLIME_WAITS = {
+    "post_retry_interval_s": POST_RETRY_INTERVAL_S,
+    "abort_retry_interval_s": ABORT_RETRY_INTERVAL_S,
+}
 
 
 async def running_calls(cluster: SimCluster) -> int:
@@ -222,7 +83,7 @@ async def test_a_slime_rollout_step_registers_generates_aborts_and_resumes_its_p
     then remove themselves."""
     cluster = await make_cluster(engines=2, api="sglang", time_scale=SCALE)
     gateway = await make_gateway(engines=[], admin_token=ADMIN_TOKEN, trusted_networks=CLUSTER_NETWORK)
-    slime = Slime(gateway.url, engines=2, consistent_hashing=True)
+    slime = Slime(gateway.url, engines=2, consistent_hashing=True, **SLIME_WAITS)
     try:
         assert [await slime.register(url) for url in cluster.urls] == [201, 201]
         workers = await slime.get(f"{gateway.url}/workers")
@@ -280,7 +141,7 @@ async def test_slimes_step_end_abort_with_the_router_first_also_ends_the_calls_w
     gateway = await make_gateway(
         cluster, admin_token=ADMIN_TOKEN, trusted_networks=CLUSTER_NETWORK, capacity=2
     )
-    slime = Slime(gateway.url, engines=2)
+    slime = Slime(gateway.url, engines=2, **SLIME_WAITS)
     try:
         samples = [Sample([1, 300 + i, *range(2, 40)]) for i in range(8)]
         slime.submit(samples, 5_000)
@@ -310,7 +171,7 @@ async def test_slimes_streaming_rollout_keeps_the_cumulative_prefix_an_abort_lea
     that chunk carried: tokens and logprobs of equal length, text, resumable."""
     cluster = await make_cluster(engines=1, api="sglang", time_scale=SCALE)
     gateway = await make_gateway(cluster, admin_token=ADMIN_TOKEN, trusted_networks=CLUSTER_NETWORK)
-    slime = Slime(gateway.url, engines=1)
+    slime = Slime(gateway.url, engines=1, **SLIME_WAITS)
     chunks: list[dict[str, Any]] = []
 
     async def generate_streaming(sample: Sample) -> Sample:
