@@ -32,6 +32,7 @@ rolloutgate's timing breakdown and state, which NeMo RL does not, to see what wa
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from tests.compat.frameworks.sim_engines import wait_running
@@ -127,25 +128,11 @@ async def test_a_refit_with_retract_pause_during_a_generation_is_not_charged_and
         await nemo.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gap: a call that the engine's own abort-mode pause ended (SGLang /pause_generation "
-    "{'mode': 'abort'}, sent by the trainer to the engine) is answered as the engine answered it, finish reason "
-    "abort with a partial output, not re-run after the pause as the gateway's own abort mode does "
-    "(docs/gateway.md, 'Not yet'); NeMo RL reads only finish_reason 'length' and takes the partial sample as "
-    "complete",
-)
-@pytest.mark.looptime
-async def test_a_refit_with_abort_pause_gives_nemo_rl_whole_samples(
-    make_cluster: MakeCluster, make_gateway: MakeGateway
-) -> None:
-    """`pause_generation_mode: abort` (allowed by #3612's config): the running sample is aborted by the pause.
-    Wanted: the gateway re-runs it after the refit, so NeMo RL gets its whole budget. Today it gets the
-    partial output with finish reason abort, which `generate_one_sample` reads as a finished, untruncated
-    sample."""
-    cluster = await make_cluster(engines=1, api="sglang", time_scale=SCALE)
-    gateway = await make_gateway(cluster, admin_token=ADMIN_TOKEN, trusted_networks=CLUSTER_NETWORK)
-    nemo = NemoRL(gateway.url, time_scale=SCALE)
+async def refit_with_abort_pause(gateway_url: str, cluster: Any) -> tuple[list[int], list[float], bool]:
+    """A NeMo RL sample running while the refit pauses its engine in abort mode (`pause_generation_mode:
+    abort`, allowed by #3612's config), flushes, transfers the weights and resumes: the sample as
+    `generate_one_sample` reads it."""
+    nemo = NemoRL(gateway_url, time_scale=SCALE)
     engines = list(cluster.urls)
     try:
         sample = asyncio.create_task(nemo.generate_one_sample(list(range(1, 500)), 2_000))
@@ -154,7 +141,33 @@ async def test_a_refit_with_abort_pause_gives_nemo_rl_whole_samples(
         assert await nemo.flush(engines) == [200]  # nothing left running: the abort ended it
         await nemo.transfer(engines, "step-1")
         await nemo.resume(engines)
-        tokens, logprobs, truncated = await sample
-        assert len(tokens) == len(logprobs) == 2_000 and truncated
+        return await sample
     finally:
         await nemo.close()
+
+
+@pytest.mark.looptime
+async def test_a_refit_with_abort_pause_gives_nemo_rl_whole_samples_with_rerun(
+    make_cluster: MakeCluster, make_gateway: MakeGateway
+) -> None:
+    """With `--engine-pause-aborts rerun` the sample the pause aborted runs again after the refit: NeMo RL
+    gets its whole budget, truncated at `max_new_tokens` as it expects."""
+    cluster = await make_cluster(engines=1, api="sglang", time_scale=SCALE)
+    gateway = await make_gateway(
+        cluster, admin_token=ADMIN_TOKEN, trusted_networks=CLUSTER_NETWORK, engine_pause_aborts="rerun"
+    )
+    tokens, logprobs, truncated = await refit_with_abort_pause(gateway.url, cluster)
+    assert len(tokens) == len(logprobs) == 2_000 and truncated
+
+
+@pytest.mark.looptime
+async def test_without_rerun_an_abort_pause_hands_nemo_rl_the_partial_sample(
+    make_cluster: MakeCluster, make_gateway: MakeGateway
+) -> None:
+    """The default (`pass`): the engine's abort answer is the answer, and `generate_one_sample`, which reads
+    only whether the finish reason is "length", takes the partial output as a finished sample: why
+    docs/frameworks/nemo-rl.md asks for `rerun` with an abort-mode refit."""
+    cluster = await make_cluster(engines=1, api="sglang", time_scale=SCALE)
+    gateway = await make_gateway(cluster, admin_token=ADMIN_TOKEN, trusted_networks=CLUSTER_NETWORK)
+    tokens, logprobs, truncated = await refit_with_abort_pause(gateway.url, cluster)
+    assert 0 < len(tokens) == len(logprobs) < 2_000 and not truncated
