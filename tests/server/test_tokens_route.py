@@ -163,3 +163,19 @@ async def test_a_streamed_tokens_call_goes_on_from_its_last_token_when_its_engin
     carried = continued.prompt_tokens - len(PROMPT)
     assert KILL_AT <= carried <= killed.completion_tokens
     assert carried + continued.completion_tokens == LENGTH
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions/render", "/v1/completions/render"])
+async def test_vllms_renders_are_proxied_to_an_engine_without_admin_credentials(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient, path: str
+) -> None:
+    """SkyRL's `render_chat_completion()` (no credentials): a template applied, nothing generated, so it is an
+    open engine path, not engine control. The simulator does not serve renders: the engine's own 404 comes
+    back, not the gateway's 401."""
+    cluster = await make_cluster(api="vllm", engines=1)
+    gateway = await make_gateway(cluster, admin_token="admin-secret")
+    body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}
+    response = await http.post(gateway.url + path, json=body)
+    assert (response.status_code, response.text) == (404, "404: Not Found")  # aiohttp's own, from the engine
+    control = await http.post(gateway.url + "/pause", params={"mode": "keep"})
+    assert control.status_code == 401  # engine control still needs the admin token

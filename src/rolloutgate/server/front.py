@@ -84,6 +84,12 @@ OPEN_ENGINE_PATHS = frozenset(
         "/v1/score",
         "/classify",
         "/v1/responses",
+        # vLLM's renders (a prompt's ids from a chat, with `--enable-scale-out`; SkyRL's render_chat_completion):
+        # a template applied, nothing generated
+        "/v1/chat/completions/render",
+        "/v1/completions/render",
+        "/v1/messages/render",
+        "/v1/responses/render",
     }
 )
 
