@@ -15,9 +15,11 @@ import orjson
 import pytest
 import pytest_asyncio
 
+from rolloutgate.config import GatewaySettings
 from rolloutgate.replay.result import ReplayResult
 from rolloutgate.replay.run import run_replay
 from rolloutgate.replay.trace_workload import read_trace, trace_config
+from rolloutgate.server.trace import TRACE_VERSION
 from tests.replay.test_replay import SHORT
 
 pytestmark = pytest.mark.filterwarnings(
@@ -87,4 +89,6 @@ def test_the_trace_holds_each_request_and_the_gateways_events_without_text(
     assert b"lorem ipsum" not in (out / "trace-engine.jsonl").read_bytes()  # the agents' prompt text
     wallclock = read_trace(out / "trace-wallclock.jsonl")
     assert wallclock.header["clock"] == "wallclock" and not any(e["type"] == "gate" for e in wallclock.events)
-    assert orjson.loads((out / "trace-engine.jsonl").read_bytes().splitlines()[0])["rolloutgate_trace"] == 1
+    header = orjson.loads((out / "trace-engine.jsonl").read_bytes().splitlines()[0])
+    assert header["rolloutgate_trace"] == TRACE_VERSION == 2
+    assert header["settings"]["warmup_timeout"] == GatewaySettings().warmup_timeout
