@@ -13,11 +13,12 @@ from rolloutgate.server.metrics import Metrics
 
 
 class _Driver:
-    """What the sink uses of the driver: `handle` (recorded) and the metrics."""
+    """What the sink uses of the driver: `handle` (recorded), the metrics and its setting for unasked aborts."""
 
     def __init__(self) -> None:
         self.handled: list[Event] = []
         self.metrics = Metrics()
+        self.rerun_engine_pause_aborts = False
 
     def handle(self, event: Event) -> None:
         self.handled.append(event)
