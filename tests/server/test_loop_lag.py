@@ -8,7 +8,7 @@ import time
 import httpx
 from prometheus_client import CollectorRegistry, Histogram
 
-from rolloutgate.server.loop_lag import LAG_BUCKETS, watch_loop_lag
+from rolloutgate.server.loop_lag import LAG_BUCKETS, LoopLagWatch
 from tests.server.conftest import MakeGateway
 
 
@@ -24,7 +24,8 @@ def _counts(histogram: Histogram) -> dict[float, float]:
 
 async def test_a_loop_held_busy_is_observed_as_late_by_about_as_long() -> None:
     histogram = Histogram("lag", "lag", buckets=LAG_BUCKETS, registry=CollectorRegistry())
-    watch = asyncio.create_task(watch_loop_lag(histogram, interval_s=0.01))
+    watch = LoopLagWatch(histogram, interval_s=0.01)
+    watch.start()
     try:
         for _ in range(3):
             await asyncio.sleep(0.01)  # the watch runs a few times on a free loop
@@ -32,7 +33,7 @@ async def test_a_loop_held_busy_is_observed_as_late_by_about_as_long() -> None:
         for _ in range(3):
             await asyncio.sleep(0.01)
     finally:
-        watch.cancel()
+        watch.stop()
     counts = _counts(histogram)
     total = counts[float("inf")]
     assert total >= 3

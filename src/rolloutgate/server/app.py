@@ -53,7 +53,7 @@ from rolloutgate.server.context import CONTEXT, GatewayContext
 from rolloutgate.server.driver import Driver
 from rolloutgate.server.engine_handle import PENDING
 from rolloutgate.server.exchange import Exchange, Finished
-from rolloutgate.server.loop_lag import watch_loop_lag
+from rolloutgate.server.loop_lag import LoopLagWatch
 from rolloutgate.server.metrics import Metrics
 from rolloutgate.server.pool import EnginePool
 from rolloutgate.server.sessions_mount import mount_sessions
@@ -225,11 +225,12 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     # probed again every health_interval (server/pool.py).
     if registrations:
         await asyncio.wait(registrations, timeout=30)
-    lag_watch = asyncio.create_task(watch_loop_lag(ctx.metrics.loop_lag), name="loop-lag")
+    lag_watch = LoopLagWatch(ctx.metrics.loop_lag)
+    lag_watch.start()
     try:
         yield
     finally:
-        lag_watch.cancel()
+        lag_watch.stop()
         for task in registrations:
             task.cancel()
         await driver.close()

@@ -236,7 +236,7 @@ class Metrics:
         )
         self.loop_lag = Histogram(
             "rolloutgate_event_loop_lag_seconds",
-            "How late the event loop ran a timer due (one every 50 ms): the gateway's own saturation",
+            "How late the event loop ran a timer due (one every 250 ms): the gateway's own saturation",
             buckets=LAG_BUCKETS,
             registry=r,
         )
