@@ -430,6 +430,14 @@ class EngineModel:
 
     def _preempt(self, req: SimRequest) -> None:
         """Back to the head of the queue, KV freed; prefilled again (prompt + output so far) when readmitted."""
+        self._unadmit(req)
+        if not req.internal:
+            self.stats.preempted_total += 1
+        self._waiting.appendleft(req)
+
+    def _unadmit(self, req: SimRequest) -> None:
+        """A running (or prefilling) request made waiting again, its KV freed: it prefills its prompt and its
+        output so far again when admitted (a retraction, a preemption)."""
         self._release_memory(req)
         req.state = RequestState.WAITING
         req.prefill_target = req.context_tokens
@@ -437,8 +445,6 @@ class EngineModel:
         req.num_retractions += 1
         if not req.internal:
             self.stats.retracted_total += 1
-            self.stats.preempted_total += 1
-        self._waiting.appendleft(req)
 
     def _take_prefill(self, budget: int, at: float, *, admit: bool = True) -> list[tuple[SimRequest, int]]:
         items: list[tuple[SimRequest, int]] = []
@@ -648,13 +654,7 @@ class EngineModel:
         retracted = [r for r in (*self._running.values(), *self._prefilling.values()) if not r.is_finished]
         retracted.sort(key=lambda r: r.submitted_at)
         for req in retracted:
-            self._release_memory(req)
-            req.state = RequestState.WAITING
-            req.prefill_target = req.context_tokens
-            req.prefilled = 0
-            req.num_retractions += 1
-            if not req.internal:
-                self.stats.retracted_total += 1
+            self._unadmit(req)
         self._waiting.extendleft(reversed(retracted))
 
     def _hold(self, reason: str, now: float) -> None:
