@@ -492,6 +492,23 @@ async def wait_for(
         await asyncio.sleep(every_s)
 
 
+async def settled(urls: Iterable[str], timeout_s: float = 10.0, every_s: float = 0.5) -> dict[str, Metrics]:
+    """The engines' metrics once no engine's progress counter moved over `every_s`: a pause answers before the
+    decode step in flight lands (docs/e2e.md), so a frozen-counter check starts from here. Fails after
+    `timeout_s` if an engine keeps generating."""
+    chosen = tuple(urls)
+    deadline = time.monotonic() + timeout_s
+    before = await scrape_all(chosen)
+    while True:
+        await asyncio.sleep(every_s)
+        now = await scrape_all(chosen)
+        if all(now[u].progress == before[u].progress for u in chosen):
+            return now
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the engines kept generating for {timeout_s} s: {before!r} then {now!r}")
+        before = now
+
+
 def json_find(value: Any, key: str) -> list[Any]:
     """Every value stored under `key` anywhere in a JSON document."""
     found: list[Any] = []

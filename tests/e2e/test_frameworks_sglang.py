@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 from tests.compat.frameworks.wire_clients import NemoRL, Sample, Slime, nemo_sampling_params
-from tests.e2e.harness import EngineSet, Gateway, Metrics, scrape_all, start_gateway, wait_for
+from tests.e2e.harness import EngineSet, Gateway, Metrics, scrape_all, settled, start_gateway, wait_for
 from tests.e2e.sglang_facts import facts_for
 from tests.server.users_path import final_timing, quarantines
 
@@ -37,7 +37,6 @@ BATCH_TOKENS = 48
 SLIME_BUDGET = 2_500  # ~9 s alone on real 0.5.9 here: every call still runs when the step ends
 NEMO_LONG = 3_000  # ~11 s alone on real 0.5.9 here
 PAUSE_S = 20.0  # the refit's pause: most of the long call's wall time
-SETTLE_S = 0.5  # a pause answers before the decode step in flight lands (docs/e2e.md)
 NO_ANSWER = 0  # a read whose connection the engine closed without an answer
 # `GET /flush_cache` right after a retract pause, the retracted call pending: real 0.5.9 flushes (its
 # `Scheduler._is_no_request` does not look at the waiting queue, where retraction put the call); the simulator's
@@ -232,10 +231,9 @@ async def test_nemo_rl_registers_healthy_workers_generates_and_a_retract_refit_i
         await nemo.pause(urls, "retract")
         paused_at = time.monotonic()
         try:
-            await asyncio.sleep(SETTLE_S)
-            frozen = await scrape_all(urls)
+            frozen = await settled(urls)  # the decode step in flight lands after the pause answered
             late = asyncio.create_task(nemo.generate_one_sample([1, 7, 8, 9], 16))
-            await asyncio.sleep(PAUSE_S - SETTLE_S)
+            await asyncio.sleep(PAUSE_S - (time.monotonic() - paused_at))
             still = await scrape_all(urls)
             assert all(still[u].progress == frozen[u].progress for u in urls), (
                 "an engine generated while paused"

@@ -16,7 +16,7 @@ import httpx
 import orjson
 import pytest
 from tests.e2e.conftest import MakeGateway
-from tests.e2e.harness import EngineSet, pause_engine, resume_engine, scrape, scrape_all, wait_for
+from tests.e2e.harness import EngineSet, pause_engine, resume_engine, scrape, scrape_all, settled, wait_for
 from tests.e2e.sglang_facts import facts_for
 from tests.server.users_path import final_timing, metric_sum
 
@@ -27,7 +27,6 @@ LONG = 7000  # ~25 s alone on real 0.5.9 here: outlasts what a test waits for, a
 TOKENS = 600  # a few seconds
 PAUSED_CALL_TOKENS = 3_000  # ~11 s alone on real 0.5.9 here
 PAUSE_S = 3.0
-SETTLE_S = 0.5
 
 
 def generate_body(max_new_tokens: int, **extra: Any) -> dict[str, Any]:
@@ -147,8 +146,7 @@ async def test_engine_paused_directly_holds_the_gateway_call_until_continue(
         assert (await pause_engine(trainer, engines, url, mode)).status_code == 200
         paused_at = time.monotonic()
         try:
-            await asyncio.sleep(SETTLE_S)  # the decode step in flight lands after the pause answered
-            first = await scrape(url)
+            first = (await settled([url]))[url]  # the decode step in flight lands after the pause answered
             await asyncio.sleep(PAUSE_S)
             second = await scrape(url)
             assert second.progress == first.progress, "the engine generated while paused"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from tests.e2e.calls import Answer, openai_call, openai_client, started_streams
 from tests.e2e.conftest import MakeGateway
-from tests.e2e.harness import EngineSet, engine_is_paused, engine_weight_version, scrape_all
+from tests.e2e.harness import EngineSet, engine_is_paused, engine_weight_version, scrape_all, settled
 from tests.server.users_path import metric_sum
 
 pytestmark = pytest.mark.e2e
@@ -85,7 +85,7 @@ async def test_gate_pause_pauses_the_engines_and_loses_nothing(
                 # SGLang 0.5.9 states no pause flag (None): the frozen token counter below shows the pause
                 flag = None if engines.version == "0.5.9" else True
                 assert await engine_is_paused(admin, engines, url) is flag
-            first = await scrape_all(engines.urls)
+            first = await settled(engines.urls)  # the decode step in flight at the pause lands first
             await asyncio.sleep(1.5)
             second = await scrape_all(engines.urls)
             for url in engines.urls:

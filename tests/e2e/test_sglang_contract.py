@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from tests.e2e.harness import EngineSet, scrape, wait_for
+from tests.e2e.harness import EngineSet, scrape, settled, wait_for
 from tests.e2e.sglang_facts import facts_for
 
 from rolloutgate.engines.sglang import FIRST_AND_LAST, sglang_capacity
@@ -27,7 +27,6 @@ LONG = 7000
 MEDIUM = 1500
 # A pause answers before the decode step in flight has landed (retract, 0.5.9: one more token seen after it):
 # a frozen counter is read from this long after the pause on.
-SETTLE_S = 0.5
 
 
 def rid() -> str:
@@ -266,8 +265,7 @@ async def test_pause_holds_running_work_until_continue(engines: EngineSet, mode:
     async with httpx.AsyncClient(timeout=60.0) as client:
         assert (await client.post(url + "/pause_generation", json={"mode": mode})).status_code == 200
         try:
-            await asyncio.sleep(SETTLE_S)
-            first = await scrape(url)
+            first = (await settled([url]))[url]
             await asyncio.sleep(1.5)
             second = await scrape(url)
             assert second.progress == first.progress, "generation went on while paused"

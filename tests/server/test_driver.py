@@ -3,11 +3,15 @@ report and the client or assembler one by one."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 from rolloutgate.core.events import Event, ProgressReported
 from rolloutgate.engines.base import Route, UpstreamEvent
-from rolloutgate.server.driver import _AttemptSink
+from rolloutgate.server.driver import WIND_DOWN_S, Driver, _AttemptSink
 from rolloutgate.server.exchange import Exchange
 from rolloutgate.server.metrics import Metrics
 
@@ -65,3 +69,74 @@ def test_a_verdict_fired_by_the_report_keeps_the_reads_events_from_the_client() 
     sink = _AttemptSink(_Ending(), exchange, 1)  # type: ignore[arg-type]
     assert sink([UpstreamEvent(data=b"{}", tokens=1), UpstreamEvent(data=b"{}", tokens=1)]) is False
     assert outbox.empty()
+
+
+def test_an_aborted_attempt_winding_down_is_read_to_its_end_and_dropped() -> None:
+    """An attempt the driver aborted on an engine that ends aborted calls itself (`Driver._wind_down`): its
+    reads go on (True: the call stays open for the engine's abort answer) and nothing reaches the core or the
+    client, even once its exchange ended or a later attempt runs."""
+    driver, exchange = _Driver(), _streaming_exchange()
+    outbox = exchange.subscribe()
+    exchange.winding_down = 1
+    exchange.attempt = 2  # a later attempt already runs
+    sink = _AttemptSink(driver, exchange, 1)  # type: ignore[arg-type]
+    assert sink([UpstreamEvent(data=b'{"finish_reason":"abort"}', tokens=1)]) is True
+    exchange.ended = True
+    assert sink([UpstreamEvent(data=b"[DONE]", tokens=0)]) is True
+    assert driver.handled == [] and outbox.empty() and exchange.delivered_tokens == 0
+
+
+class _Handle:
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def done(self) -> bool:
+        return self.cancelled
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
+class _Client:
+    def __init__(self, ends_aborted_calls: bool) -> None:
+        self.ends_aborted_calls = ends_aborted_calls
+
+
+class _WindingDriver(_Driver):
+    """What `_wind_down` and `_attempt_ended` use of the driver: the pool's engines and the abort setting."""
+
+    def __init__(self, ends_aborted_calls: bool) -> None:
+        super().__init__()
+        engine = SimpleNamespace(client=_Client(ends_aborted_calls))
+        self.pool = SimpleNamespace(engines={"e0": engine})
+        self.abort_upstream = True
+        self._winding_down: set[Any] = set()
+
+    _close_wound_down = Driver._close_wound_down
+
+
+@pytest.mark.looptime
+async def test_an_abort_on_sglang_leaves_the_call_to_the_engine_and_closes_it_if_unanswered() -> None:
+    """SGLang: the aborted call is not closed at once (a hang-up mid-stream keeps SGLang 0.5.9's model-update
+    lock, which stalls its abort-mode pause); the engine's end of it is ignored; unanswered, it is closed after
+    WIND_DOWN_S. vLLM: closed at once (a closed call is how vLLM learns of an abort)."""
+    driver, exchange = _WindingDriver(ends_aborted_calls=True), _streaming_exchange()
+    answered, unanswered = _Handle(), _Handle()
+    exchange.upstream_task = answered
+    assert Driver._wind_down(driver, exchange, "e0")  # type: ignore[arg-type]
+    assert exchange.upstream_task is None and exchange.winding_down == 1 and not answered.cancelled
+    Driver._attempt_ended(driver, exchange, 1, None)  # type: ignore[arg-type]  # the engine's abort answer
+    assert exchange.winding_down == 0 and driver.handled == []  # the core hears nothing of it
+
+    exchange.upstream_task = unanswered
+    assert Driver._wind_down(driver, exchange, "e0")  # type: ignore[arg-type]
+    await asyncio.sleep(WIND_DOWN_S - 0.1)
+    assert not unanswered.cancelled
+    await asyncio.sleep(0.2)
+    assert unanswered.cancelled and not driver._winding_down
+
+    vllm, other = _WindingDriver(ends_aborted_calls=False), _streaming_exchange()
+    other.upstream_task = _Handle()
+    assert not Driver._wind_down(vllm, other, "e0")  # type: ignore[arg-type]
+    assert other.winding_down == 0

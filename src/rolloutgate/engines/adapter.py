@@ -25,6 +25,7 @@ class EngineAdapter:
 
     family: EngineFamily
     reports_load: bool
+    ends_aborted_calls = False  # vLLM and OpenAI-compatible servers learn of an abort from the closed call
 
     def __init__(
         self, url: str, session: aiohttp.ClientSession, *, timeouts: ControlTimeouts | None = None

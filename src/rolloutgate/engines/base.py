@@ -215,6 +215,9 @@ class EngineClient(Protocol):
     # whole and watched through it (server/engine_watch.py); False: the adapter streams every call, whose
     # events are the only progress there is
     reports_load: bool
+    # True when `abort()` makes the engine end the call itself with an abort answer (SGLang): an aborted call is
+    # then read to that end rather than closed (server/driver.py `_wind_down` says why)
+    ends_aborted_calls: bool
 
     async def probe(self) -> EngineInfo:
         """Read the engine's family facts (capacity, models). Raises UpstreamError if unreachable."""

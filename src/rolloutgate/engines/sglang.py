@@ -118,6 +118,7 @@ class SglangClient(EngineAdapter):
 
     family = EngineFamily.SGLANG
     reports_load = True  # /metrics' token counter or /v1/loads: engine-level progress
+    ends_aborted_calls = True  # `/abort_request` by rid: the call ends with finish reason abort
 
     def __init__(
         self, url: str, session: aiohttp.ClientSession, *, timeouts: ControlTimeouts | None = None

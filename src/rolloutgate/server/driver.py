@@ -59,7 +59,7 @@ from rolloutgate.core.events import (
 )
 from rolloutgate.core.gateway import Gateway
 from rolloutgate.engines.assemble import ResponseAssembler
-from rolloutgate.engines.base import Route, UpstreamCall, UpstreamError, UpstreamEvent
+from rolloutgate.engines.base import Route, UpstreamCall, UpstreamError, UpstreamEvent, UpstreamHandle
 from rolloutgate.engines.sglang import aborted_in_queue
 from rolloutgate.errors import GatewayError, UpstreamFailure, from_fail_reason
 from rolloutgate.runtime_clock import LoopClock
@@ -80,6 +80,9 @@ log = logging.getLogger("rolloutgate.driver")
 
 Observer = Callable[[float, Event | None, list[Command]], None]  # (gateway time, event or None, commands)
 _STALE_ACTIONS = {AbortReason.STALE: "requeued", AbortReason.STALE_PARTIAL: "partial"}  # metric labels
+# The longest an aborted call on an engine that ends aborted calls itself is read before it is closed anyway
+# (an engine that does not answer its abort: hung, or gone).
+WIND_DOWN_S = 10.0
 
 
 def upstream_id(request_id: str, attempt: int, client_rid: str | None = None) -> str:
@@ -147,6 +150,7 @@ class Driver:
         self._timer_at = math.inf
         self._flush_soon = False  # a `_flush` is scheduled for the end of this loop iteration
         self._background: set[asyncio.Task[Any]] = set()
+        self._winding_down: set[UpstreamHandle] = set()  # aborted calls read to their end (`_wind_down`)
 
     # --- intake -----------------------------------------------------------------------------------------
 
@@ -352,6 +356,9 @@ class Driver:
 
     def _attempt_ended(self, exchange: Exchange, attempt: int, error: UpstreamError | None) -> None:
         """An attempt's upstream call returned (`error` None) or failed; what a stale attempt says is ignored."""
+        if exchange.winding_down == attempt:  # an aborted call the engine ended (`_wind_down`)
+            exchange.winding_down = 0
+            return
         if exchange.attempt != attempt or exchange.ended:
             return
         if error is None:
@@ -488,10 +495,39 @@ class Driver:
         if command.reason is AbortReason.CLIENT_GONE:
             self.metrics.engine_seconds_saved.inc(_remaining_engine_s(exchange, self.core, self.clock.now()))
         attempt = exchange.attempt
-        exchange.cancel_upstream()
+        if not self._wind_down(exchange, command.engine_id):
+            exchange.cancel_upstream()
         self.engine_watch.remove(exchange.request_id)
         if self.abort_upstream:
             self._abort_on_engine(exchange, command.engine_id, attempt)
+
+    def _wind_down(self, exchange: Exchange, engine_id: str | None) -> bool:
+        """An aborted call on an engine whose abort API ends the call with an abort answer (SGLang): read it
+        to that end, dropping what it sends, instead of closing it now; closed anyway after `WIND_DOWN_S`.
+        Why: SGLang 0.5.9 keeps the model-update read lock of a stream its client hung up on mid-answer
+        until a garbage collection, and an abort-mode `/pause_generation` waits for that lock, so a gateway
+        that hung up could leave the engine's pause, and every call after it, waiting for minutes (seen in
+        tests/e2e/test_gateway_weights.py). False when the call is to be closed at once."""
+        handle = exchange.upstream_task
+        engine = None if self.pool is None else self.pool.engines.get(engine_id or "")
+        if (
+            not self.abort_upstream
+            or engine is None
+            or not engine.client.ends_aborted_calls
+            or handle is None
+            or handle.done()
+        ):
+            return False
+        exchange.upstream_task = None
+        exchange.winding_down = exchange.attempt
+        self._winding_down.add(handle)
+        asyncio.get_running_loop().call_later(WIND_DOWN_S, self._close_wound_down, handle)
+        return True
+
+    def _close_wound_down(self, handle: UpstreamHandle) -> None:
+        self._winding_down.discard(handle)
+        if not handle.done():
+            handle.cancel()
 
     def _mark_engine(self, command: MarkEngine) -> None:
         if command.state == "quarantined":
@@ -576,6 +612,8 @@ class Driver:
             self._timer.cancel()
         for exchange in list(self.exchanges.values()):
             exchange.cancel_upstream()
+        for handle in list(self._winding_down):
+            self._close_wound_down(handle)
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
@@ -596,6 +634,8 @@ class _AttemptSink:
 
     def __call__(self, events: list[UpstreamEvent]) -> bool:
         exchange, attempt = self._exchange, self.attempt
+        if exchange.winding_down == attempt:
+            return True  # aborted: read to the engine's end of it, and dropped (`Driver._wind_down`)
         if exchange.attempt != attempt or exchange.ended:
             return False
         driver = self._driver

@@ -166,6 +166,7 @@ class Exchange:
     upstream_task: UpstreamHandle | None = (
         None  # the running call: a task, or callbacks (engines/push_call.py)
     )
+    winding_down: int = 0  # an aborted attempt read to the engine's end of it, its events dropped (driver)
     assembler: ResponseAssembler | None = None  # this attempt's answer so far (non-streaming clients)
     delivered_tokens: int = 0  # tokens a streaming client has already been sent
     upstream_error: UpstreamError | None = None  # the engine's own non-retryable error, passed through
