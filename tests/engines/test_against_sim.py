@@ -14,7 +14,6 @@ import aiohttp
 import orjson
 import pytest
 
-from rolloutgate.engines.assemble import assemble
 from rolloutgate.engines.base import (
     EngineClient,
     EngineFamily,
@@ -24,6 +23,7 @@ from rolloutgate.engines.base import (
     UpstreamEvent,
 )
 from rolloutgate.engines.detect import detect_family, make_client
+from rolloutgate.server.assemble import assemble
 from rolloutsim import SimCluster
 from tests.engines.started import collect as collect_events
 from tests.engines.started import stream

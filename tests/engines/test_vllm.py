@@ -11,7 +11,6 @@ import orjson
 import pytest
 from aiohttp import web
 
-from rolloutgate.engines.assemble import assemble
 from rolloutgate.engines.base import (
     EngineFamily,
     Readiness,
@@ -21,6 +20,7 @@ from rolloutgate.engines.base import (
     UpstreamEvent,
 )
 from rolloutgate.engines.vllm import VllmClient, vllm_capacity
+from rolloutgate.server.assemble import assemble
 from tests.engines.started import collect as collect_events
 from tests.engines.started import stream
 from tests.sim.helpers import wait_until

@@ -7,7 +7,7 @@ leaks into the server.
 
 A generation costs the engine no more output work than the same call sent directly: a streaming client's
 call streams and its events are forwarded; any other call comes back as one whole body (or, SGLang's
-`/generate`, as two chunks: the first token and the end), assembled into the answer (engines/assemble.py),
+`/generate`, as two chunks: the first token and the end), assembled into the answer (server/assemble.py),
 while engine-level load (`load()`) shows the engine progressing (server/engine_watch.py).
 
 Progress is cheap to watch: adapters count tokens per event without parsing the event's JSON where they can
@@ -116,7 +116,7 @@ class UpstreamCall:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AssemblyHint:
-    """What engines/assemble.py needs to know, beyond the events, to build a non-streaming answer exactly as
+    """What server/assemble.py needs to know, beyond the events, to build a non-streaming answer exactly as
     the engine would have: its family (the answer's field set differs), SGLang's weight version (its chat and
     completions answers carry `metadata.weight_version`, its stream chunks do not), and whether SGLang's
     `/generate` stream is incremental (`--incremental-streaming-output`) instead of cumulative."""

@@ -32,8 +32,8 @@ from typing import Any
 
 import orjson
 
-from rolloutgate.engines.assemble import ResponseAssembler
 from rolloutgate.engines.base import Route, UpstreamEvent
+from rolloutgate.server.assemble import ResponseAssembler
 from rolloutgate.server.prompt_ids import compact_json, token_ids_of
 
 __all__ = (

@@ -58,11 +58,11 @@ from rolloutgate.core.events import (
     UpstreamFinished,
 )
 from rolloutgate.core.gateway import Gateway
-from rolloutgate.engines.assemble import ResponseAssembler
 from rolloutgate.engines.base import Route, UpstreamCall, UpstreamError, UpstreamEvent, UpstreamHandle
 from rolloutgate.engines.sglang import aborted_in_queue
 from rolloutgate.errors import GatewayError, UpstreamFailure, from_fail_reason
 from rolloutgate.runtime_clock import LoopClock
+from rolloutgate.server.assemble import ResponseAssembler
 from rolloutgate.server.continuation import (
     CannotContinue,
     answer_of_stream,

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rolloutgate.core.timing import TimingBreakdown
-from rolloutgate.engines.assemble import ResponseAssembler
 from rolloutgate.engines.base import Route, UpstreamError, UpstreamHandle
 from rolloutgate.engines.progress import has_index, index_of
 from rolloutgate.errors import GatewayError, Unavailable
+from rolloutgate.server.assemble import ResponseAssembler
 from rolloutgate.server.continuation import GenerateStitcher
 from rolloutgate.server.deadlines import deadlines_of
 
@@ -254,7 +254,7 @@ class Exchange:
     @staticmethod
     def _remember_latest(history: list[bytes], data: bytes) -> None:
         """Cumulative /generate chunks: the newest chunk of a choice holds all its earlier ones (what replay
-        and continuation read from them, engines/assemble.py), so the history keeps one chunk per choice.
+        and continuation read from them, server/assemble.py), so the history keeps one chunk per choice.
         Keeping them all grows with the square of the length: measured 150 KB per stream after 120 tokens,
         megabytes after a thousand (docs/benchmarks.md)."""
         index = index_of(data) if has_index(data) else None

@@ -1,4 +1,4 @@
-"""Non-streaming answers assembled from stream events, and the gateway's frames (engines/assemble.py)."""
+"""Non-streaming answers assembled from stream events, and the gateway's frames (server/assemble.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from typing import Any
 import orjson
 import pytest
 
-from rolloutgate.engines.assemble import (
+from rolloutgate.engines.base import AssemblyHint, EngineFamily, Route, UpstreamEvent
+from rolloutgate.engines.http import SseParser
+from rolloutgate.server.assemble import (
     SSE_DONE,
     ResponseAssembler,
     assemble,
@@ -16,10 +18,7 @@ from rolloutgate.engines.assemble import (
     sse_comment,
     sse_event,
 )
-from rolloutgate.engines.base import AssemblyHint, EngineFamily, Route, UpstreamEvent
-from rolloutgate.engines.http import SseParser
-
-from .fakes import (
+from tests.engines.fakes import (
     completion_chunk,
     sglang_chat_chunk,
     sglang_chat_stream,
