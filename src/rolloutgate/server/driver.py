@@ -504,10 +504,10 @@ class Driver:
     def _wind_down(self, exchange: Exchange, engine_id: str | None) -> bool:
         """An aborted call on an engine whose abort API ends the call with an abort answer (SGLang): read it
         to that end, dropping what it sends, instead of closing it now; closed anyway after `WIND_DOWN_S`.
-        Why: SGLang 0.5.9 keeps the model-update read lock of a stream its client hung up on mid-answer
-        until a garbage collection, and an abort-mode `/pause_generation` waits for that lock, so a gateway
-        that hung up could leave the engine's pause, and every call after it, waiting for minutes (seen in
-        tests/e2e/test_gateway_weights.py). False when the call is to be closed at once."""
+        Why: SGLang 0.5.9 sometimes keeps the model-update read lock of a stream its client hung up on
+        mid-answer (why only sometimes is not known), and an abort-mode `/pause_generation` waits for that
+        lock, so a gateway that hung up could leave the engine's pause, and every call after it, waiting for
+        minutes (seen in tests/e2e/test_gateway_weights.py). False when the call is to be closed at once."""
         handle = exchange.upstream_task
         engine = None if self.pool is None else self.pool.engines.get(engine_id or "")
         if (
