@@ -236,16 +236,15 @@ async def test_a_session_path_checks_the_ids_it_proxies(
 # -- an engine that dies anyway ---------------------------------------------------------------------------
 
 
-async def test_a_call_two_engines_died_prefilling_is_not_sent_to_a_third(
+async def test_a_call_two_engines_died_prefilling_is_not_sent_to_a_third_nor_is_its_retry(
     make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
 ) -> None:
     # A prompt the vocabulary check does not know kills each engine that prefills it (as SGLang 0.5.9 dies on an
     # id it cannot embed): staged by crashing whichever engine is prefilling the call.
     cluster = await make_cluster(engines=3, time_scale=1.0)  # a 20K-token prefill takes ~2 s
     gateway = await make_gateway(cluster, keepalive_interval=0, max_attempts=5)
-    call = asyncio.create_task(
-        http.post(f"{gateway.url}/generate", json={"input_ids": [7] * 20_000, "sampling_params": {}})
-    )
+    killer = {"input_ids": [7] * 20_000, "sampling_params": {}}
+    call = asyncio.create_task(http.post(f"{gateway.url}/generate", json=killer))
 
     def prefilling() -> list[Any]:
         return [
@@ -265,9 +264,20 @@ async def test_a_call_two_engines_died_prefilling_is_not_sent_to_a_third(
     assert_openai_error(response, 502, "engine_lost_in_prefill")
     (third,) = (e for e in cluster.engines if e not in killed)
     assert third.model.stats.requests_total == 0, "the call that killed two engines was sent to a third"
+    # its client's retry (a new request, another rid, a stream) is refused before any engine sees it
+    retried = {**killer, "rid": "retry-1", "stream": True, "sampling_params": {"temperature": 0.7}}
+    refused = await http.post(f"{gateway.url}/generate", json=retried)
+    assert_openai_error(refused, 400, "prompt_lost_engines")
+    assert third.model.stats.requests_total == 0, "the client's retry of the killer reached the third engine"
+    session_id = (await http.post(f"{gateway.url}/sessions")).json()["session_id"]
+    refused = await http.post(f"{gateway.url}/sessions/{session_id}/generate", json=killer)
+    assert_openai_error(refused, 400, "prompt_lost_engines")
+    assert (await http.get(f"{gateway.url}/sessions/{session_id}")).json()["records"] == []
+    assert third.model.stats.requests_total == 0
     served = await http.post(f"{gateway.url}/generate", json={"input_ids": [1, 2], "sampling_params": {}})
     assert served.status_code == 200, served.text
     metrics = (await http.get(f"{gateway.url}/metrics")).text
     assert 'rolloutgate_failures_total{reason="engine_lost_in_prefill"} 1.0' in metrics
+    assert 'rolloutgate_bad_requests_total{code="prompt_lost_engines"} 2.0' in metrics  # the retry, the turn
     lost = [line for line in metrics.splitlines() if line.startswith("rolloutgate_engine_calls_lost_total{")]
     assert len(lost) == 2 and all(line.endswith(" 1.0") for line in lost), lost  # each death on its engine

@@ -72,7 +72,7 @@ from rolloutgate.engines.http import (
 from rolloutgate.engines.openai_stream import client_wants_usage, route_unsupported, upstream_body
 from rolloutgate.engines.push_call import start_generation
 
-__all__ = ("SglangClient", "aborted_in_queue", "decode_tokens")
+__all__ = ("SglangClient", "decode_tokens")
 
 log = logging.getLogger(__name__)
 # SGLang's own health probe's rid prefix: requests whose rid starts with it are kept out of its statistics
@@ -96,21 +96,6 @@ _METRICS = frozenset(
 _DECODE_TOKENS = re.compile(
     rb'^sglang:realtime_tokens_total\{[^}]*\bmode="decode"[^}]*\}\s+(\S+)', re.MULTILINE
 )
-
-
-def aborted_in_queue(body: dict[str, Any], request_id: str) -> bytes:
-    """SGLang's answer to a `/generate` aborted while it waited (scheduler `_handle_abort_req`: finish reason
-    abort, "Abort in waiting queue", no prompt or cached token counts), for a call the gateway held in its own
-    queue when a client aborted everything. The client's `rid`, else the gateway's id."""
-    meta: dict[str, Any] = {
-        "id": body.get("rid") if isinstance(body.get("rid"), str) else request_id,
-        "finish_reason": {"type": "abort", "message": "Abort in waiting queue"},
-        "completion_tokens": 0,
-    }
-    if body.get("return_logprob"):
-        meta["input_token_logprobs"] = []
-        meta["output_token_logprobs"] = []
-    return orjson.dumps({"text": "", "output_ids": [], "meta_info": meta})
 
 
 class SglangClient(EngineAdapter):

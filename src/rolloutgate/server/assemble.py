@@ -16,6 +16,8 @@ fields, in the same order, serialized compactly as SGLang (orjson) and vLLM (com
   (chunks carry `index`) become a list ordered by index, without `index`, as the engine answers them. With
   `--incremental-streaming-output` (hint) text, ids and `meta_info.output_*` lists are concatenated.
 - A whole-body event (the engine could not stream the request) is the answer as it is.
+- A `/generate` aborted while it waited in the gateway's own queue never met an engine: `aborted_in_queue`
+  writes what SGLang answers for one aborted in its waiting queue.
 
 The field sets per family follow SGLang 0.5.23 (`entrypoints/openai/protocol.py`: ChatCompletionResponse,
 ChatMessage, CompletionResponse) and vLLM 0.33 (`chat_completion/protocol.py`, `completion/protocol.py`,
@@ -42,6 +44,7 @@ from rolloutgate.engines.progress import index_of
 __all__ = (
     "SSE_DONE",
     "ResponseAssembler",
+    "aborted_in_queue",
     "assemble",
     "error_body",
     "error_frame",
@@ -82,6 +85,21 @@ _COMPLETION_SHAPE: dict[EngineFamily, tuple[tuple[str, ...], tuple[str, ...]]] =
     ),
     EngineFamily.OPENAI: (("logprobs", "finish_reason"), ("usage",)),
 }
+
+
+def aborted_in_queue(body: dict[str, Any], request_id: str) -> bytes:
+    """SGLang's answer to a `/generate` aborted while it waited (scheduler `_handle_abort_req`: finish reason
+    abort, "Abort in waiting queue", no prompt or cached token counts), for a call the gateway held in its own
+    queue when a client aborted everything. The client's `rid`, else the gateway's id."""
+    meta: dict[str, Any] = {
+        "id": body.get("rid") if isinstance(body.get("rid"), str) else request_id,
+        "finish_reason": {"type": "abort", "message": "Abort in waiting queue"},
+        "completion_tokens": 0,
+    }
+    if body.get("return_logprob"):
+        meta["input_token_logprobs"] = []
+        meta["output_token_logprobs"] = []
+    return orjson.dumps({"text": "", "output_ids": [], "meta_info": meta})
 
 
 def assemble(route: Route, events: Iterable[UpstreamEvent], *, hint: AssemblyHint | None = None) -> bytes:

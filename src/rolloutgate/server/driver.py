@@ -59,10 +59,9 @@ from rolloutgate.core.events import (
 )
 from rolloutgate.core.gateway import Gateway
 from rolloutgate.engines.base import Route, UpstreamCall, UpstreamError, UpstreamEvent, UpstreamHandle
-from rolloutgate.engines.sglang import aborted_in_queue
 from rolloutgate.errors import GatewayError, UpstreamFailure, from_fail_reason
 from rolloutgate.runtime_clock import LoopClock
-from rolloutgate.server.assemble import ResponseAssembler
+from rolloutgate.server.assemble import ResponseAssembler, aborted_in_queue
 from rolloutgate.server.continuation import (
     CannotContinue,
     answer_of_stream,
@@ -72,6 +71,7 @@ from rolloutgate.server.continuation import (
 from rolloutgate.server.engine_watch import EngineWatcher
 from rolloutgate.server.exchange import Exchange, Finished
 from rolloutgate.server.metrics import Metrics
+from rolloutgate.server.poison import PoisonPrompts
 from rolloutgate.server.pool import EnginePool
 
 __all__ = ("Driver", "Observer", "upstream_id")
@@ -137,6 +137,7 @@ class Driver:
         )
         self.clock = clock
         self.metrics = metrics
+        self.poison_prompts = PoisonPrompts(clock.now)  # refused at submit (server/poison.py)
         self.pool: EnginePool | None = None
         self.exchanges: dict[str, Exchange] = {}
         # engine-level progress for the calls whose answer comes whole (real seconds between readings)
@@ -450,6 +451,8 @@ class Driver:
         if exchange is None:
             return
         exchange.cancel_upstream()
+        if command.reason is FailReason.ENGINE_LOST_IN_PREFILL:
+            self.poison_prompts.remember(exchange.route, exchange.body, exchange.request_id)
         if command.reason is FailReason.ABORTED and exchange.route is Route.GENERATE:
             answer = aborted_in_queue(exchange.body, exchange.request_id)
             if exchange.client_streams:

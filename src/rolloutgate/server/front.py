@@ -216,7 +216,9 @@ def submit(
 ) -> tuple[Exchange, Outbox]:
     """The one way a call enters the gateway's queue (the front's and the session API's): a new exchange
     under a new request id (or the caller's, minted by `new_request_id`: a session turn's), its arrival told
-    to the core, and the first subscriber's outbox. Raises BadRequest for a malformed group (`group_of`)."""
+    to the core, and the first subscriber's outbox. Raises BadRequest for a malformed group (`group_of`) or a
+    prompt that engines died prefilling (server/poison.py)."""
+    ctx.driver.poison_prompts.check(route, body)
     limits, priority = limits_for(ctx, headers)
     group = group_of(route, body, headers)
     max_version_lag = version_bound(ctx, headers)
