@@ -7,8 +7,8 @@ history, which would go on to kill two more engines. So the driver remembers the
 `submit` (server/front.py), the one way a call enters the queue, refuses the same prompt for `ttl_s`: 400
 `prompt_lost_engines`, which those clients do not retry.
 
-The same prompt: the route and the fields that make the engine's input (`_PROMPT_FIELDS`: ids, text, messages
-and tools), hashed (BLAKE2b). Sampling parameters, `rid` and `stream` are left out, so a retry that changes
+The same prompt: the route and the fields that make the engine's input (`_PROMPT_FIELDS`: ids, text,
+embeddings, images, messages and tools), hashed (BLAKE2b). Sampling parameters, `rid` and `stream` are left out, so a retry that changes
 only those is still caught. Nothing is hashed while nothing is remembered: on the hot path the check is one
 test of an empty dict. At most `capacity` prompts are kept, the oldest forgotten first.
 
