@@ -117,10 +117,16 @@ def test_the_layer_rules_cover_real_parts() -> None:
 
 # The simulator is a sibling package (src/rolloutsim): it takes from rolloutgate only two leaf modules (the loop
 # clock, and the vocabulary of a model folder), and the product imports it only where it runs engines on
-# purpose: `serve --sim` (server/app.py), the `sim` subcommand (cli.py) and the incident replay (replay/).
+# purpose: `serve --sim` (server/app.py; with `--processes N`, fleet/processes.py: the parent runs them), the `sim`
+# subcommand (cli.py) and the incident replay (replay/).
 SIM = PACKAGE.parent / "rolloutsim"
 SIM_MAY_IMPORT = ("rolloutgate.runtime_clock", "rolloutgate.vocabulary")
-SIM_IMPORTERS = {PACKAGE / "cli.py", PACKAGE / "server" / "app.py", *(PACKAGE / "replay").rglob("*.py")}
+SIM_IMPORTERS = {
+    PACKAGE / "cli.py",
+    PACKAGE / "server" / "app.py",
+    PACKAGE / "fleet" / "processes.py",
+    *(PACKAGE / "replay").rglob("*.py"),
+}
 
 
 @pytest.mark.parametrize("path", sorted(SIM.rglob("*.py")), ids=lambda p: str(p.relative_to(SIM)))

@@ -70,6 +70,11 @@ class GatewaySettings(BaseSettings):
 
     host: str = Field(default="127.0.0.1", description="address to bind")
     port: int = Field(default=8000, ge=0, le=65535, description="port to bind (0 picks a free one)")
+    processes: int = Field(
+        default=1,
+        ge=1,
+        description="serve from N processes on the one port, each owning a share of the engines (docs/fleet.md)",
+    )
     engines: list[EngineSpec] = Field(
         default_factory=list,
         description="engine URL, repeatable; prefix the family to skip detection: vllm+http://host:port",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import httpx
@@ -26,6 +27,7 @@ from tests.fleet.local_fleet import (
     generate,
     key_owned_by,
     link_of,
+    local_fleet,
     long_generate,
     wait_until,
 )
@@ -540,3 +542,25 @@ async def test_engines_given_at_start_go_to_the_replicas_there_when_the_others_d
         await wait_until(lambda: len(controller.latest.engines_of("replica-0")) == 4, timeout_s=5)
     finally:
         await controller.close()
+
+
+async def test_each_replica_records_the_requests_it_served_in_a_trace_of_its_own(tmp_path: Path) -> None:
+    """One `--record-trace FILE` for the fleet: each replica writes `FILE.<replica id>`, never one file twice."""
+    trace = tmp_path / "trace.jsonl"
+    async with local_fleet(record_trace=str(trace)) as fleet:
+        await wait_until(lambda: all_joined(fleet))
+        served: dict[str, int] = {}
+        for index in range(REPLICAS):
+            body, headers = generate(key_owned_by(fleet.controller.latest, f"replica-{index}", "trace-"))
+            answer = await fleet.http.post(f"{fleet.replicas[0].url}/generate", json=body, headers=headers)
+            assert answer.status_code == 200, answer.text
+            served[answer.headers[REPLICA_HEADER]] = served.get(answer.headers[REPLICA_HEADER], 0) + 1
+    assert sorted(served) == [f"replica-{i}" for i in range(REPLICAS)]
+    for replica_id, count in served.items():
+        header, *requests = trace_lines(Path(f"{trace}.{replica_id}"))
+        assert "rolloutgate_trace" in header and len(requests) == count, (replica_id, requests)
+    assert not trace.exists()
+
+
+def trace_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines()

@@ -5,8 +5,9 @@ Theory of operation (docs/fleet.md): a controller actor holds which replica owns
 actors each run a production gateway (server/app.py) over their own engines (fleet/replica.py), and route
 every request to the replica that owns its session or routing key, one hop at most (fleet/routing.py,
 fleet/forward.py, fleet/edge.py). `start_fleet` (fleet/launch.py) and `rolloutgate fleet` (fleet/cli.py)
-start one. Ray is needed only to start a fleet (`pip install 'rolloutgate[fleet]'`); the rest imports
-without it.
+start one on Ray; `rolloutgate serve --processes N` (fleet/processes.py) starts one on a single host without
+Ray, its links over Unix sockets (fleet/loopback.py). Ray is needed only to start a fleet on Ray
+(`pip install 'rolloutgate[fleet]'`); the rest imports without it.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import ray
 from rolloutgate.config import GatewaySettings
 from rolloutgate.fleet.assignment import EngineEntry, FleetView
 from rolloutgate.fleet.controller import FleetController
-from rolloutgate.fleet.handles import ControllerClient, ReplicaClient, current_actor, node_ip_address
+from rolloutgate.fleet.handles import controller_client, current_actor, node_ip_address, replica_client
 from rolloutgate.fleet.links import EngineChange, JoinResult, ReplicaInfo, SessionChange
 from rolloutgate.fleet.operations import ReplicaResult
 from rolloutgate.fleet.replica import FleetReplica
@@ -47,7 +47,7 @@ class _Controller:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
         self._controller = FleetController(
             engines,
-            link_factory=ReplicaClient,
+            link_factory=replica_client,
             ping_interval_s=ping_interval_s,
             ping_timeout_s=ping_timeout_s,
             ping_failures=ping_failures,
@@ -122,9 +122,9 @@ class _Replica:
             replica_id,
             settings,
             # by name, not a handle passed in: the arguments of an actor Ray restarts must outlive its start
-            ControllerClient(ray.get_actor(controller_name)),
+            controller_client(ray.get_actor(controller_name)),
             handle=current_actor(),
-            peer_link=ReplicaClient,
+            peer_link=replica_client,
             advertise_host=node_ip_address() if advertise_host == "node" else advertise_host,
             shared_port=shared_port,
         )
@@ -145,13 +145,15 @@ class _Replica:
         await self._started
         return await self._replica.operate(name, body, query)
 
-    async def replicate(self, changes: Sequence[SessionChange]) -> list[str]:
+    async def replicate(self, changes: Sequence[SessionChange], timeout_s: float) -> list[str]:
         await self._started
-        return await self._replica.replicate(changes, 0.0)
+        return await self._replica.replicate(changes, timeout_s)
 
-    async def copies_for(self, replica_id: str, replicas: Sequence[str]) -> list[SessionCopy]:
+    async def copies_for(
+        self, replica_id: str, replicas: Sequence[str], timeout_s: float
+    ) -> list[SessionCopy]:
         await self._started
-        return await self._replica.copies_for(replica_id, replicas, 0.0)
+        return await self._replica.copies_for(replica_id, replicas, timeout_s)
 
     async def describe(self) -> dict[str, Any]:
         await self._started

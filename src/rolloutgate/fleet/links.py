@@ -1,11 +1,11 @@
 """What the controller and the replicas say to each other: the calls, their answers, their failures.
 
 Theory of operation: the controller and the replicas are plain objects (fleet/controller.py,
-fleet/replica.py) that talk through these two protocols. On Ray each side holds the other's actor handle,
-wrapped by fleet/handles.py, which turns Ray's errors into `ReplicaUnreachable` / `ControllerUnreachable`;
-in one process (tests) each side holds the other object itself. So everything but Ray's transport is tested
-without Ray, and Ray's own liveness (an actor that died or is restarting raises on every call) is the only
-membership signal there is.
+fleet/replica.py) that talk through these two protocols, implemented once over any transport
+(fleet/clients.py): on Ray each side holds the other's actor handle (fleet/handles.py); as processes of one
+host, the path of the other's Unix socket (fleet/loopback.py); in one process (tests) each side holds the
+other object itself. So everything but the transports is tested without Ray, and the transport's own liveness
+(an actor that died, a socket that refuses: `final`) is the only membership signal there is.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import socket
 import uuid
 from collections.abc import Callable, Sequence
@@ -129,6 +130,7 @@ class FleetReplica:
         return {
             "replica_id": self.replica_id,
             "incarnation": self.incarnation,
+            "pid": os.getpid(),
             "epoch": view.epoch,
             "view_version": view.version,
             "replicas": dict(view.replicas),
@@ -147,6 +149,8 @@ class FleetReplica:
         update: dict[str, Any] = {"port": port}
         if self.settings.state_dir:  # a store is one gateway's (it locks its folder): one folder a replica
             update["state_dir"] = str(Path(self.settings.state_dir) / self.replica_id)
+        if self.settings.record_trace:  # one file a replica, of the requests it served: FILE.<replica id>
+            update["record_trace"] = f"{self.settings.record_trace}.{self.replica_id}"
         server = GatewayServer(
             self.settings.model_copy(update=update),
             configure_app=self._configure,

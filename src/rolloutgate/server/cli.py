@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
-import gc
 import logging
-import signal
 import sys
 import typing
-from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
 
 from rolloutgate.compiled import describe_build
 from rolloutgate.config import GatewaySettings, load_settings
+from rolloutgate.server.process import (
+    event_loop_factory,
+    keep_large_buffers_returnable,
+    tune_gc,
+    until_stop_signal,
+)
 
 __all__ = ("add_arguments", "run", "settings_table")
 
@@ -89,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    if settings.processes > 1:  # one port, N processes, each owning a share of the engines
+        from rolloutgate.fleet.processes import serve_processes
+
+        return serve_processes(settings)
     from rolloutgate.sessions.store import StateDirInUse
 
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
@@ -98,49 +104,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"rolloutgate serve: {exc}", file=sys.stderr)
             return 2
     return 0
-
-
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop where available (the HTTP paths are measured on it), else the default loop."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
-
-
-# The cyclic collector's first threshold. CPython's default (700 allocations) runs a young-generation
-# collection every few requests at load; the gateway makes few reference cycles (tracebacks of handled
-# errors, mostly), so collecting 70x less often costs little memory and saves CPU (docs/benchmarks.md).
-GC_THRESHOLDS = (50_000, 20, 50)
-
-
-# glibc's M_MMAP_THRESHOLD, fixed at 128 KiB (its initial value). glibc raises it to the size of each mmap'd
-# buffer freed, up to 32 MB: one freed orjson output of a 100K-token prompt (~16 MB of address space for 0.7 MB
-# of ids) is enough, and from then on every large transient buffer comes from the heap and stays resident after
-# it is freed. Fixed, they go back to the OS when freed (tests/reliability/test_memory_per_request.py).
-_M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD_BYTES = 128 * 1024
-
-
-def keep_large_buffers_returnable() -> None:
-    """Fix glibc's mmap threshold (above); a no-op where the C library is not glibc."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None)
-        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt): nothing to fix there
-        return
-
-
-def tune_gc() -> None:
-    """After start-up: move everything allocated so far (modules, the app, the engine pool) out of the
-    collector's sight (`gc.freeze`: it is never garbage, and each full collection would walk it again), and
-    collect young objects less often."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 async def _serve(settings: object) -> None:
@@ -153,18 +116,8 @@ async def _serve(settings: object) -> None:
     logging.getLogger("rolloutgate").info("rolloutgate serving on %s", url)
     logging.getLogger("rolloutgate").info("modules %s", describe_build())
     print(f"rolloutgate serving on {url}", flush=True)
-    stop = asyncio.Event()
-
-    def on_signal() -> None:
-        # The first SIGTERM/SIGINT starts a graceful shutdown (in-flight requests get `shutdown_grace`);
-        # a second one ends the grace period at once.
-        if stop.is_set():
-            server.hurry()
-        stop.set()
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
-    await stop.wait()
+    # the first SIGTERM/SIGINT starts a graceful shutdown (in-flight requests get `shutdown_grace`), a
+    # second one ends the grace period at once
+    await until_stop_signal(server.hurry)
     await server.stop()
     print("rolloutgate stopped", flush=True)
