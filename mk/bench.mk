@@ -25,7 +25,7 @@ ROUTER_STAMP  := $(ROUTER_VENV)/.installed-sglang-router
 SMG_VENV      := .venv-bench-smg
 SMG_STAMP     := $(SMG_VENV)/.installed-smg
 
-.PHONY: bench bench-rl bench-rl-fanout bench-tools wrk
+.PHONY: bench bench-cores bench-rl bench-rl-fanout bench-tools wrk
 
 $(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test,native,bench]'
@@ -65,6 +65,9 @@ bench: $(READY) $(BENCH_STAMP) bench-tools
 
 bench-rl: $(READY) $(BENCH_STAMP) bench-tools
 	$(BIN)/python -m benchmarks.perf --only rl-shape $(BENCH_RL_ARGS)
+
+bench-cores: $(READY) $(BENCH_STAMP) bench-tools
+	$(BIN)/python -m benchmarks.perf.cores $(BENCH_CORES_ARGS)
 
 bench-rl-fanout: $(READY)
 	$(BIN)/python -m benchmarks.rl_fanout $(BENCH_RL_FANOUT_ARGS)

@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -55,9 +56,12 @@ def run_load(
     duration_s: float,
     cpus: str | None,
     use_wrk: bool,
+    headers: Mapping[str, str] | None = None,
 ) -> LoadResult:
     if use_wrk:
-        return _run_wrk(url, body, connections, duration_s, cpus)
+        return _run_wrk(url, body, connections, duration_s, cpus, headers or {})
+    if headers:
+        raise ValueError("extra request headers need wrk (`make bench-tools`)")
     return _run_python(url, body, connections, duration_s, cpus)
 
 
@@ -68,10 +72,16 @@ wrk.body = [==[%s]==]
 
 
 def _run_wrk(
-    url: str, body: dict[str, Any], connections: int, duration_s: float, cpus: str | None
+    url: str,
+    body: dict[str, Any],
+    connections: int,
+    duration_s: float,
+    cpus: str | None,
+    headers: Mapping[str, str],
 ) -> LoadResult:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(_LUA % json.dumps(body, separators=(",", ":")))
+        f.writelines(f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}\n" for k, v in headers.items())
     try:
         command = [
             *pin_prefix(cpus),

@@ -50,9 +50,10 @@ LOOP_LAG = "rolloutgate_event_loop_lag_seconds"  # server/loop_lag.py
 
 
 def loop_lag_buckets(gateway_url: str) -> dict[float, float]:
-    """rolloutgate's event-loop lag histogram from its /metrics (empty for a gateway without it)."""
+    """rolloutgate's event-loop lag histogram from its /metrics (empty for a gateway without it); with
+    `--processes N`, every process's (`scope=fleet`: each one's samples, summed here)."""
     with contextlib.suppress(OSError):
-        return histogram_buckets(_get(gateway_url + "/metrics").decode(), LOOP_LAG)
+        return histogram_buckets(_get(gateway_url + "/metrics?scope=fleet").decode(), LOOP_LAG)
     return {}
 
 

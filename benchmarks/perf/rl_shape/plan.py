@@ -12,8 +12,10 @@ from rolloutsim.tokens import DEFAULT_VOCAB_SIZE
 
 __all__ = (
     "DEFAULT",
+    "DEFAULT_PATHS",
     "FIRST_ID",
     "GATEWAYS",
+    "MINE",
     "PATHS",
     "QUICK",
     "ROUTER_PATHS",
@@ -39,8 +41,11 @@ FIRST_ID = 3  # pad, bos, eos below
 SYSTEM_PREFIX_TOKENS = 1024
 # direct-again: the direct phase once more, last, so the paired latency of a phase against itself shows how
 # much of a gateway's paired figure is this machine's and the simulator's own turn-to-turn noise
-PATHS = ("direct", "rolloutgate", "sglang-router", "smg", "direct-again")
-GATEWAYS = ("rolloutgate", "sglang-router", "smg")
+# rolloutgate-processes: `rolloutgate serve --processes N` (issue 37, item 3); named with --rl-shape-paths
+PATHS = ("direct", "rolloutgate", "rolloutgate-processes", "sglang-router", "smg", "direct-again")
+DEFAULT_PATHS = tuple(p for p in PATHS if p != "rolloutgate-processes")
+GATEWAYS = ("rolloutgate", "rolloutgate-processes", "sglang-router", "smg")
+MINE = ("rolloutgate", "rolloutgate-processes")
 ROUTER_PATHS = ("sglang-router", "smg")  # the SGLang Model Gateway: miles' pin, and its newest release
 ROUTING_HEADER = "X-SMG-Routing-Key"
 # ids as shared int objects: a session's 100K-id list then costs 8 bytes per id in this process, not ~40
@@ -68,7 +73,8 @@ class ShapeOptions:
     phase_cap_s: float = 220.0
     max_turns_per_worker: int = 200
     router_policy: str = "manual"
-    paths: tuple[str, ...] = PATHS
+    paths: tuple[str, ...] = DEFAULT_PATHS
+    processes: int = 2  # of the rolloutgate-processes path
     seed: int = 0
 
     @property

@@ -32,6 +32,7 @@ from benchmarks.perf.rl_shape.measure import run_phase
 from benchmarks.perf.rl_shape.phase import PhaseResult
 from benchmarks.perf.rl_shape.plan import (
     DEFAULT,
+    MINE,
     PATHS,
     QUICK,
     ROUTER_PATHS,
@@ -65,6 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--rl-shape-paths", help=f"comma-separated subset of {','.join(PATHS)} (direct is always run)")
     add("--rl-shape-seed", type=int, help="the load's seed (default 0)")
+    add("--rl-shape-processes", type=int, help="`--processes` of the rolloutgate-processes path (default 2)")
 
 
 def options_from_args(args: argparse.Namespace) -> ShapeOptions:
@@ -79,6 +81,7 @@ def options_from_args(args: argparse.Namespace) -> ShapeOptions:
         ("rl_shape_cap", "phase_cap_s"),
         ("rl_shape_router_policy", "router_policy"),
         ("rl_shape_seed", "seed"),
+        ("rl_shape_processes", "processes"),
     ):
         value = getattr(args, attr, None)
         if value is not None:
@@ -163,9 +166,14 @@ def _run_shape(
         for name in paths:
             gateway: ManagedProcess | None = None
             try:
-                if name == "rolloutgate":
+                if name in MINE:
+                    processes = (
+                        ["--processes", str(options.processes)] if name == "rolloutgate-processes" else []
+                    )
                     gateway = start_gateway(
-                        server_cpu, sim.extra_urls, extra_args=["--time-scale", f"{options.time_scale:g}"]
+                        server_cpu,
+                        sim.extra_urls,
+                        extra_args=["--time-scale", f"{options.time_scale:g}", *processes],
                     )
                 elif name in routers:
                     gateway = start_router(
@@ -237,7 +245,7 @@ def run_from_args(args: argparse.Namespace, *, log: Callable[[str], None] = prin
     options = options_from_args(args)
     server_cpu = getattr(args, "server_cpu", "0")
     client_cpu = getattr(args, "client_cpu", "1")
-    if cpu_count() < 2:
+    if cpu_count() < 2 or "none" in (server_cpu, client_cpu):  # `--server-cpu none`: every side unpinned
         server_cpu = client_cpu = None
     result = run_shape(
         options, out_dir=Path(args.out_dir), server_cpu=server_cpu, client_cpu=client_cpu, log=log

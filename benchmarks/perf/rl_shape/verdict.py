@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
 from benchmarks.kit.stats import percentile
 from benchmarks.perf.rl_shape.phase import added_pct, ratio
-from benchmarks.perf.rl_shape.plan import GATEWAYS, ROUTER_PATHS
+from benchmarks.perf.rl_shape.plan import GATEWAYS, MINE, ROUTER_PATHS
 
 __all__ = (
     "GOAL_ADDED_LATENCY_PCT",
@@ -81,9 +82,8 @@ def goals(phases: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                     "verdict": verdict(within, 1.0),
                 }
             )
-    mine = phases.get("rolloutgate")
-    for router_name in ROUTER_PATHS:
-        router = phases.get(router_name)
+    for mine_name, router_name in itertools.product(MINE, ROUTER_PATHS):
+        mine, router = phases.get(mine_name), phases.get(router_name)
         if mine is None or router is None:
             continue
         a = mine.get("gateway_cpu_s_per_million_tokens")
@@ -91,7 +91,7 @@ def goals(phases: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         value = ratio(a, b)
         rows.append(
             {
-                "goal": f"rolloutgate CPU-s per M generated tokens over {router_name}'s <= {GOAL_CPU_VS_ROUTER:g}",
+                "goal": f"{mine_name} CPU-s per M generated tokens over {router_name}'s <= {GOAL_CPU_VS_ROUTER:g}",
                 "value": value,
                 "measured": "-"
                 if value is None
@@ -145,13 +145,14 @@ def goals(phases: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                     "verdict": verdict(value, GOAL_ADDED_LATENCY_PCT),
                 }
             )
-    mine = phases.get("rolloutgate")
-    lag = (mine or {}).get("loop_lag_s")
-    if lag:
+    for mine_name in MINE:
+        lag = (phases.get(mine_name) or {}).get("loop_lag_s")
+        if not lag:
+            continue
         p99 = lag.get("p99")
         rows.append(
             {
-                "goal": f"rolloutgate's event-loop lag p99 <= {1000 * GOAL_LOOP_LAG_P99_S:g} ms (its /metrics)",
+                "goal": f"{mine_name}'s event-loop lag p99 <= {1000 * GOAL_LOOP_LAG_P99_S:g} ms (its /metrics)",
                 "value": p99,
                 "measured": "-"
                 if p99 is None
