@@ -137,6 +137,23 @@ async def test_a_killed_child_is_replaced_and_sigterm_ends_every_process(
             os.kill(pid, 0)
 
 
+async def test_with_fewer_engines_than_processes_the_port_is_ready_and_one_instance(
+    fresh_connections: httpx.AsyncClient,
+) -> None:
+    """A child that owns no engine is ready where it forwards to; `/health` names one instance for the port
+    (miles' `session_server_instance_id`), whichever child answers."""
+    process, url = start("--processes", "2", "--sim", "1", "--time-scale", "100")
+    try:
+        ready = [await fresh_connections.get(f"{url}/ready") for _ in range(20)]
+        assert [r.status_code for r in ready] == [200] * 20, [r.text for r in ready if r.status_code != 200]
+        health = [await fresh_connections.get(f"{url}/health") for _ in range(20)]
+        assert {h.headers["X-Rolloutgate-Replica"] for h in health} == {"replica-0", "replica-1"}
+        assert len({h.json()["session_server_instance_id"] for h in health}) == 1
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+
+
 def wait_reaped(pid: int, timeout_s: float = START_S) -> None:
     """Until its parent reaped it. A killed process shows as a zombie while its other threads still exit with
     its sockets open; the parent reaps it only once they are all gone."""

@@ -119,6 +119,14 @@ def test_a_keyless_call_stays_here_unless_this_replica_owns_no_engine() -> None:
     assert where("POST", "/generate", me="replica-1", view=none) == Here()
 
 
+def test_readiness_is_asked_where_a_keyless_call_would_be_served() -> None:
+    few = fleet_view(engines=1)  # replica-0 owns the only engine
+    assert where("GET", "/ready", me="replica-0", view=few) == Here()
+    assert where("GET", "/ready", me="replica-1", view=few) == Forward("replica-0", few.replicas["replica-0"])
+    assert where("GET", "/ready", me="replica-1", view=fleet_view(engines=0)) == Here()
+    assert where("GET", "/health", me="replica-1", view=few) == Here(), "liveness is this process's own"
+
+
 def test_registration_goes_to_the_controller_and_control_is_never_forwarded() -> None:
     for method, path in [
         ("POST", "/workers"),

@@ -12,9 +12,10 @@ Theory of operation: the fleet of fleet/replica.py and fleet/controller.py, its 
   child a share of the engines, and each engine has one owner, so its clocks and admission are exact; a
   request for an engine another child owns (a session's turn, a routing key) takes the fleet's one hop
   (fleet/edge.py). A call without a key is served where it lands, if that child owns an engine.
-- Liveness: the controller pings each child over its socket; a child that died refuses the connection at once
-  and its engines go to the others in that step. The parent starts a new incarnation of the same replica
-  after `RESPAWN_DELAY_S` (as Ray restarts an actor), which registers and takes a share back.
+- Liveness: the parent sees a child exit at once (its process sentinel) and has the controller check it: its
+  socket refuses, and its engines go to the others in that step. The controller's own pings (every
+  `PING_INTERVAL_S`) are left to find a child that hangs. The parent starts a new incarnation of the same
+  replica after `RESPAWN_DELAY_S` (as Ray restarts an actor), which registers and takes a share back.
 - Start-up fails as a whole if any child dies before it serves (a bad setting fails in every child alike).
   SIGTERM/SIGINT: the controller's liveness checks stop first (no engine changes owner because a child is
   stopping), then each child gets SIGTERM and its graceful shutdown, and leaves the fleet; a second signal cuts
@@ -32,6 +33,7 @@ import os
 import signal
 import socket
 import tempfile
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -60,6 +62,10 @@ log = logging.getLogger("rolloutgate.fleet")
 START_TIMEOUT_S = 120.0  # a child's start: an interpreter, the gateway's imports, its engines' first probe
 RESPAWN_DELAY_S = 1.0  # between a child's death and its next incarnation (a crash loop is then 1 a second)
 STOP_MARGIN_S = 10.0  # past a child's grace before it is killed
+# The parent sees a child exit at once (its process sentinel) and has the controller check it then; the
+# pings only find a child that hangs, so they can be rarer than on Ray (each costs both sides ~1 ms of CPU)
+PING_INTERVAL_S = 2.0
+PING_TIMEOUT_S = 2.0
 
 CONTROLLER_METHODS = (
     "register_replica",
@@ -98,12 +104,22 @@ class _Children:
     controller_path: str
     sockets: Path
     shared_port: int
+    # the gateway's identity in `/health`, every child's alike (miles reads it as its session server's)
+    instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     children: dict[str, _Child] = field(default_factory=dict)
 
     def spawn(self, replica_id: str) -> None:
         context = multiprocessing.get_context("spawn")
         ours, theirs = context.Pipe(duplex=True)
-        args = (replica_id, self.settings, self.controller_path, str(self.sockets), self.shared_port, theirs)
+        args = (
+            replica_id,
+            self.settings,
+            self.controller_path,
+            self.sockets,
+            self.shared_port,
+            self.instance_id,
+            theirs,
+        )
         process = context.Process(target=_child_main, args=args, name=replica_id)
         process.start()
         theirs.close()  # the child holds its own end
@@ -144,7 +160,7 @@ class _Children:
             return f"the processes did not all serve within {timeout_s:g} s"
         return None
 
-    async def watch(self) -> None:
+    async def watch(self, controller: FleetController) -> None:
         """Start a new incarnation of each child that exits while the gateway serves (its lifetime)."""
         while True:
             exits = {c.exited: c for c in self.children.values()}
@@ -159,13 +175,16 @@ class _Children:
                     RESPAWN_DELAY_S,
                 )
                 child.link.close()
+                await controller.suspect(child.replica_id)  # its socket refuses: its engines move now
                 await asyncio.sleep(RESPAWN_DELAY_S)
                 self.spawn(child.replica_id)
 
     def signal_all(self) -> None:
         for child in self.children.values():
             if not child.exited.done() and child.process.pid is not None:
-                os.kill(child.process.pid, signal.SIGTERM)
+                # reaped a moment before its `exited` is set (on_exit): nothing left to signal
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.process.pid, signal.SIGTERM)
 
     async def stop(self, grace_s: float) -> None:
         """SIGTERM each child (its graceful shutdown), SIGKILL what is left after the grace."""
@@ -197,6 +216,8 @@ async def _run(settings: GatewaySettings, engines: list[EngineSpec], port: int, 
     controller = FleetController(
         [EngineEntry(url=e.url, family=e.family, capacity=e.capacity) for e in engines],
         link_factory=peers.replica,
+        ping_interval_s=PING_INTERVAL_S,
+        ping_timeout_s=PING_TIMEOUT_S,
         expected_replicas=settings.processes,
     )
     await controller.start()
@@ -218,7 +239,7 @@ async def _run(settings: GatewaySettings, engines: list[EngineSpec], port: int, 
         if failed is not None:
             print(f"rolloutgate serve: {failed}", flush=True)
             return 1
-        watcher = asyncio.create_task(children.watch(), name="processes-watch")
+        watcher = asyncio.create_task(children.watch(controller), name="processes-watch")
         where = f"http://{settings.host}:{port}"
         print(f"rolloutgate serving on {where} from {settings.processes} processes", flush=True)
         # the first SIGTERM/SIGINT starts a graceful shutdown; each one after cuts the children's grace short
@@ -273,8 +294,9 @@ def _child_main(
     replica_id: str,
     settings: GatewaySettings,
     controller_path: str,
-    sockets: str,
+    sockets: Path,
     shared_port: int,
+    instance_id: str,
     link: Connection,
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's to judge (module docstring)
@@ -283,7 +305,7 @@ def _child_main(
         format=f"%(asctime)s %(levelname)s %(name)s [{replica_id}] %(message)s",
     )
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        runner.run(_replica(replica_id, settings, controller_path, Path(sockets), shared_port, link))
+        runner.run(_replica(replica_id, settings, controller_path, sockets, shared_port, instance_id, link))
 
 
 async def _replica(
@@ -292,12 +314,18 @@ async def _replica(
     controller_path: str,
     sockets: Path,
     shared_port: int,
+    instance_id: str,
     link: Connection,
 ) -> None:
     peers = loopback.LoopbackPeers()
     controller = loopback.LoopbackTransport(controller_path)
     replica = FleetReplica(
-        replica_id, settings, ControllerClient(controller), peer_link=peers.replica, shared_port=shared_port
+        replica_id,
+        settings,
+        ControllerClient(controller),
+        peer_link=peers.replica,
+        shared_port=shared_port,
+        instance_id=instance_id,
     )
     path = sockets / f"{replica_id}-{replica.incarnation[:12]}.sock"  # a new incarnation, a new path
     replica.handle = str(path)

@@ -90,6 +90,9 @@ class FleetReplica:
     peer_link: Callable[[object], ReplicaLink] = lambda handle: handle  # type: ignore[assignment, return-value]
     advertise_host: str | None = None  # the host in its URL, where it binds all addresses (0.0.0.0)
     shared_port: int | None = None  # the fleet's one URL on this node, shared with the replicas beside it
+    instance_id: str | None = (
+        None  # in `/health`: the gateway's, where processes share one port (processes.py)
+    )
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex)
     server: GatewayServer | None = field(default=None, init=False)
     _view: FleetView | None = field(default=None, init=False)
@@ -187,6 +190,8 @@ class FleetReplica:
 
     def _configure(self, app: web.Application) -> None:
         edge.install(app, self)
+        if self.instance_id is not None:
+            app[CONTEXT].instance_id = self.instance_id
         app[CONTEXT].state_sections["fleet"] = self._state_section
         sessions: SessionService = app[CONTEXT].extras["sessions"]
         sessions.registry.mint_ids_with(lambda: mint_session_id(self.replica_id, uuid.uuid4().hex))

@@ -15,7 +15,8 @@ carries out the answer.
 - `/finish_session?session_id=` (vllm-router's release of a session's binding) goes to the owner of that key,
   the replica whose core holds the binding.
 - An inference call without a key is served here if this replica owns an engine (any replica accepts any
-  request), else at a replica that does.
+  request), else at a replica that does. `/ready` goes where such a call would: behind a shared port, a
+  replica that owns no engine is still ready when the one it forwards to is.
 - Engine control (`/admin/pause`, `/admin/resume`, `/admin/update_weights`, `/abort_request`, `/flush_cache`,
   `/engine_metrics`, the trainer's control plane `/v1/rl/...`, and with `?scope=fleet` `/admin/state` and
   `/metrics`) is for the whole fleet: this replica judges the caller's rights, and the controller runs it on
@@ -38,6 +39,7 @@ __all__ = (
     "FLEET_WIDE",
     "FORWARDED_HEADER",
     "INFERENCE_PATHS",
+    "READY",
     "REPLICA_HEADER",
     "REPLICA_URL_HEADER",
     "RL_PREFIX",
@@ -58,6 +60,7 @@ VIA_HEADER = "X-Rolloutgate-Via"  # on a forwarded answer: the replica that forw
 
 INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate"})
 FINISH_SESSION = "/finish_session"  # its key is the query's `session_id` (server/finish_session.py)
+READY = "/ready"  # a load balancer's readiness probe of the URL it was sent to
 REGISTRATION = frozenset(
     {
         ("POST", "/workers"),
@@ -163,10 +166,16 @@ def decide(
         return _to(view, view.key_owner(session_id), self_id)
     if path == FINISH_SESSION:
         return _to(view, view.key_owner(routing_key), self_id) if routing_key else HERE
+    if path == READY:  # can a call sent here be served: where a keyless call would be
+        return _keyless(view, self_id, nonce)
     if path not in INFERENCE_PATHS:
         return HERE
     if routing_key:
         return _to(view, view.key_owner(routing_key), self_id)
+    return _keyless(view, self_id, nonce)
+
+
+def _keyless(view: FleetView, self_id: str, nonce: str) -> Decision:
     if self_id in view.key_candidates or not view.key_candidates:
         return HERE  # it owns engines (or nobody does, and the answer is the same everywhere)
     return _to(view, view.key_owner(nonce), self_id)

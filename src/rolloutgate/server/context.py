@@ -32,7 +32,8 @@ class GatewayContext:
     state_sections: dict[str, Callable[[], Any]] = field(default_factory=dict)
     draining: bool = False  # shutting down: new requests get 503, in-flight ones finish (app.py)
     active_requests: int = 0  # handlers running now (counted by server/guard.py)
-    # one per gateway process, in `/health` (miles' `session_server_instance_id`: a restart is a new instance)
+    # one per gateway process, in `/health` (miles' `session_server_instance_id`: a restart is a new instance);
+    # `serve --processes N` gives its processes one, so the port they share has one identity
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
