@@ -111,16 +111,10 @@ class _Children:
     def spawn(self, replica_id: str) -> None:
         context = multiprocessing.get_context("spawn")
         ours, theirs = context.Pipe(duplex=True)
-        args = (
-            replica_id,
-            self.settings,
-            self.controller_path,
-            self.sockets,
-            self.shared_port,
-            self.instance_id,
-            theirs,
+        spec = _ChildSpec(
+            replica_id, self.settings, self.controller_path, self.sockets, self.shared_port, self.instance_id
         )
-        process = context.Process(target=_child_main, args=args, name=replica_id)
+        process = context.Process(target=_child_main, args=(spec, theirs), name=replica_id)
         process.start()
         theirs.close()  # the child holds its own end
         loop = asyncio.get_running_loop()
@@ -290,44 +284,41 @@ async def _engines(settings: GatewaySettings) -> AsyncIterator[list[EngineSpec]]
 # -- in each child -------------------------------------------------------------------------------------------
 
 
-def _child_main(
-    replica_id: str,
-    settings: GatewaySettings,
-    controller_path: str,
-    sockets: Path,
-    shared_port: int,
-    instance_id: str,
-    link: Connection,
-) -> None:
+@dataclass(frozen=True, slots=True)
+class _ChildSpec:
+    """What a child is started with (pickled to it by the spawn)."""
+
+    replica_id: str
+    settings: GatewaySettings
+    controller_path: str
+    sockets: Path
+    shared_port: int
+    instance_id: str
+
+
+def _child_main(spec: _ChildSpec, link: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's to judge (module docstring)
     logging.basicConfig(
-        level=settings.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s %(name)s [{replica_id}] %(message)s",
+        level=spec.settings.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s %(name)s [{spec.replica_id}] %(message)s",
     )
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        runner.run(_replica(replica_id, settings, controller_path, sockets, shared_port, instance_id, link))
+        runner.run(_replica(spec, link))
 
 
-async def _replica(
-    replica_id: str,
-    settings: GatewaySettings,
-    controller_path: str,
-    sockets: Path,
-    shared_port: int,
-    instance_id: str,
-    link: Connection,
-) -> None:
+async def _replica(spec: _ChildSpec, link: Connection) -> None:
+    replica_id = spec.replica_id
     peers = loopback.LoopbackPeers()
-    controller = loopback.LoopbackTransport(controller_path)
+    controller = loopback.LoopbackTransport(spec.controller_path)
     replica = FleetReplica(
         replica_id,
-        settings,
+        spec.settings,
         ControllerClient(controller),
         peer_link=peers.replica,
-        shared_port=shared_port,
-        instance_id=instance_id,
+        shared_port=spec.shared_port,
+        instance_id=spec.instance_id,
     )
-    path = sockets / f"{replica_id}-{replica.incarnation[:12]}.sock"  # a new incarnation, a new path
+    path = spec.sockets / f"{replica_id}-{replica.incarnation[:12]}.sock"  # a new incarnation, a new path
     replica.handle = str(path)
     started = asyncio.Event()
     server = await loopback.serve(path, replica, REPLICA_METHODS, ready=started)
