@@ -29,7 +29,10 @@ import pytest
 from tests.e2e.harness import EngineSet, scrape, start_extra_engine, start_gateway, wait_for
 from tests.server.users_path import metric_sum
 
-pytestmark = [pytest.mark.e2e, pytest.mark.backend("sglang")]
+# Each test starts a real SGLang engine of its own (30-60 s on this CPU), runs its scenario (the wedge: ~40 s)
+# and stops the engine (up to 15 s, then SIGKILL): the default 120 s cut one off in its engine's stop, after
+# every assertion had passed (fresh-clone CI, 2026-12-07)
+pytestmark = [pytest.mark.e2e, pytest.mark.backend("sglang"), pytest.mark.timeout(300)]
 
 CALL_TOKENS = 200  # about a second a call on this machine
 PROMPT_IDS = [11, 22, 33, 44, 55]
