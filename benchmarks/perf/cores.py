@@ -40,10 +40,10 @@ from benchmarks.kit.servers import (
     start_sim,
 )
 from benchmarks.perf.load import LoadResult, run_load, wrk_installed
+from benchmarks.perf.throughput import OUTPUT_TOKENS, request_body
 
 __all__ = ("main",)
 
-OUTPUT_TOKENS = 16
 KEY_HEADER = "X-SMG-Routing-Key"
 
 
@@ -64,7 +64,7 @@ class Target:
 
 
 def shapes(model: str) -> list[Shape]:
-    generate = {"input_ids": list(range(11, 27)), "sampling_params": {"max_new_tokens": OUTPUT_TOKENS}}
+    generate = request_body(streaming=False)  # make bench's throughput body
     chat = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": OUTPUT_TOKENS}
     return [
         Shape("/generate, 32 connections", "/generate", generate, 32),

@@ -90,9 +90,8 @@ class FleetReplica:
     peer_link: Callable[[object], ReplicaLink] = lambda handle: handle  # type: ignore[assignment, return-value]
     advertise_host: str | None = None  # the host in its URL, where it binds all addresses (0.0.0.0)
     shared_port: int | None = None  # the fleet's one URL on this node, shared with the replicas beside it
-    instance_id: str | None = (
-        None  # in `/health`: the gateway's, where processes share one port (processes.py)
-    )
+    # in `/health`: the gateway's identity, where processes share one port (fleet/processes.py)
+    instance_id: str | None = None
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex)
     server: GatewayServer | None = field(default=None, init=False)
     _view: FleetView | None = field(default=None, init=False)
