@@ -564,3 +564,12 @@ async def test_each_replica_records_the_requests_it_served_in_a_trace_of_its_own
 
 def trace_lines(path: Path) -> list[str]:
     return path.read_text().splitlines()
+
+
+async def test_the_controller_says_when_an_engine_is_in_its_owners_pool(fleet: LocalFleet) -> None:
+    """What `serve --processes N` waits for before it says it serves (fleet/processes.py)."""
+    url = fleet.cluster.urls[0]
+    joined = await fleet.controller.owner_joined(url, 10.0)
+    assert joined.ok and joined.worker is not None and joined.worker["url"] == url
+    unknown = await fleet.controller.owner_joined("http://127.0.0.1:1", 1.0)
+    assert not unknown.ok and unknown.error == "no replica is live to own it yet"

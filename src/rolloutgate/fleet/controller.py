@@ -33,6 +33,7 @@ from typing import Any
 from rolloutgate.fleet.assignment import Assignment, EngineEntry, FleetView, Move, engine_fleet_id
 from rolloutgate.fleet.links import (
     EngineChange,
+    JoinResult,
     ReplicaInfo,
     ReplicaLink,
     ReplicaUnreachable,
@@ -203,6 +204,18 @@ class FleetController:
             error=joined.error,
             code="worker_unreachable",
         )
+
+    async def owner_joined(self, url: str, wait_s: float) -> JoinResult:
+        """Once engine `url`'s owner has applied the view of now: whether the engine joined its pool (its first
+        attempt; bounded by `wait_s`). Leaves the engine registered whatever the answer, as a gateway keeps an
+        engine it cannot reach yet."""
+        owner = self._assignment.owner(url)
+        if owner is None:
+            return JoinResult(ok=False, error="no replica is live to own it yet")
+        try:
+            return await self._links[owner].joined(url, self._view.version, wait_s)
+        except (ReplicaUnreachable, KeyError) as exc:  # KeyError: the owner left meanwhile
+            return JoinResult(ok=False, error=f"owner did not confirm: {exc}")
 
     async def remove_engine(self, ref: str) -> EngineChange:
         """Unregister an engine, named by its URL or its fleet id (`engine_fleet_id`)."""

@@ -62,6 +62,7 @@ log = logging.getLogger("rolloutgate.fleet")
 START_TIMEOUT_S = 120.0  # a child's start: an interpreter, the gateway's imports, its engines' first probe
 RESPAWN_DELAY_S = 1.0  # between a child's death and its next incarnation (a crash loop is then 1 a second)
 STOP_MARGIN_S = 10.0  # past a child's grace before it is killed
+FIRST_JOIN_S = 30.0  # each engine's first join at start-up, as server/app.py waits for its engines
 # The parent sees a child exit at once (its process sentinel) and has the controller check it then; the
 # pings only find a child that hangs, so they can be rarer than on Ray (each costs both sides ~1 ms of CPU)
 PING_INTERVAL_S = 2.0
@@ -233,6 +234,9 @@ async def _run(settings: GatewaySettings, engines: list[EngineSpec], port: int, 
         if failed is not None:
             print(f"rolloutgate serve: {failed}", flush=True)
             return 1
+        # as one gateway does before it says it serves: every engine joined its owner's pool or failed once
+        # (bounded; one that cannot be reached stays registered and is tried again)
+        await asyncio.gather(*(controller.owner_joined(e.url, FIRST_JOIN_S) for e in engines))
         watcher = asyncio.create_task(children.watch(controller), name="processes-watch")
         where = f"http://{settings.host}:{port}"
         print(f"rolloutgate serving on {where} from {settings.processes} processes", flush=True)
