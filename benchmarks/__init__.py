@@ -14,6 +14,6 @@ imports this folder). Run them from the repository's root, with the `bench` extr
 
 They use the gateway as `rolloutgate serve` runs it, through its public interfaces (server/app.py
 `GatewayServer` and `core_config`, the driver's observers, the core's events and commands); the incident replay
-they build on is the product's own (`rolloutgate replay`, src/rolloutgate/replay/). The tools they drive (wrk,
+they build on is the product's own (`rolloutgate replay`, src/rolloutreplay/). The tools they drive (wrk,
 the SGLang Model Gateway) are installed by `make bench-tools` (mk/bench.mk), never by the package.
 """

@@ -123,8 +123,8 @@ def run_replay(args: argparse.Namespace, gateway_port: int) -> tuple[dict[str, A
     and the epoch at which its simulated clock read 0."""
     import uvloop
 
-    from rolloutgate.replay.scenario import ReplayConfig
-    from rolloutgate.replay.world import run_mode
+    from rolloutreplay.scenario import ReplayConfig
+    from rolloutreplay.world import run_mode
 
     config = ReplayConfig(
         time_scale=args.time_scale,

@@ -1,6 +1,6 @@
 """Layering: core/ imports only the standard library and rolloutgate.core, and never time, random, asyncio,
-logging or aiohttp (STYLE.md, conventions 1 and 2); the package never imports the benchmarks beside it
-(benchmarks/, not in the wheel). Checked on the source's AST, so a lazy or conditional import is caught too, and
+logging or aiohttp (STYLE.md, conventions 1 and 2); the package and its siblings never import the benchmarks
+beside them (benchmarks/, not in the wheel). Checked on the source's AST, so a lazy or conditional import is caught too, and
 a module named in a string (importlib, the CLI's subcommand table) as well."""
 
 from __future__ import annotations
@@ -70,10 +70,18 @@ def named_modules(path: Path) -> list[str]:
     return imported_modules(path) + strings
 
 
-@pytest.mark.parametrize("path", PACKAGE_FILES, ids=lambda p: str(p.relative_to(PACKAGE)))
+# What the wheel ships: the gateway and its two siblings (the simulator, the incident replay).
+SHIPPED_FILES = sorted(
+    path
+    for name in ("rolloutgate", "rolloutsim", "rolloutreplay")
+    for path in (PACKAGE.parent / name).rglob("*.py")
+)
+
+
+@pytest.mark.parametrize("path", SHIPPED_FILES, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
 def test_the_package_never_imports_the_benchmarks(path: Path) -> None:
     for module in named_modules(path):
-        assert module.split(".")[0] != "benchmarks", f"{path.relative_to(PACKAGE)} imports {module}"
+        assert module.split(".")[0] != "benchmarks", f"{path.relative_to(PACKAGE.parent)} imports {module}"
 
 
 def test_the_benchmark_checker_catches_a_lazy_import_and_a_named_module(tmp_path: Path) -> None:
@@ -117,16 +125,11 @@ def test_the_layer_rules_cover_real_parts() -> None:
 
 # The simulator is a sibling package (src/rolloutsim): it takes from rolloutgate only two leaf modules (the loop
 # clock, and the vocabulary of a model folder), and the product imports it only where it runs engines on
-# purpose: `serve --sim` (server/app.py; with `--processes N`, fleet/processes.py: the parent runs them), the `sim`
-# subcommand (cli.py) and the incident replay (replay/).
+# purpose: `serve --sim` (server/app.py; with `--processes N`, fleet/processes.py: the parent runs them) and the
+# `sim` subcommand (cli.py).
 SIM = PACKAGE.parent / "rolloutsim"
 SIM_MAY_IMPORT = ("rolloutgate.runtime_clock", "rolloutgate.vocabulary")
-SIM_IMPORTERS = {
-    PACKAGE / "cli.py",
-    PACKAGE / "server" / "app.py",
-    PACKAGE / "fleet" / "processes.py",
-    *(PACKAGE / "replay").rglob("*.py"),
-}
+SIM_IMPORTERS = {PACKAGE / "cli.py", PACKAGE / "server" / "app.py", PACKAGE / "fleet" / "processes.py"}
 
 
 @pytest.mark.parametrize("path", sorted(SIM.rglob("*.py")), ids=lambda p: str(p.relative_to(SIM)))
@@ -153,3 +156,24 @@ def test_the_gateway_imports_the_simulator_only_where_it_runs_engines() -> None:
     assert importers and importers <= SIM_IMPORTERS, sorted(
         str(p.relative_to(PACKAGE)) for p in importers - SIM_IMPORTERS
     )
+
+
+# The incident replay is a sibling above both (src/rolloutreplay: it runs the gateway in front of the simulator).
+# The gateway names it only in its subcommand table (cli.py, imported when `rolloutgate replay` runs), and the
+# simulator never.
+REPLAY = PACKAGE.parent / "rolloutreplay"
+
+
+def _names_the_replay(path: Path) -> bool:
+    modules = imported_modules(path) + [
+        node.value
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    ]
+    return any(_is_within(m, "rolloutreplay") for m in modules)
+
+
+def test_only_the_subcommand_table_names_the_replay() -> None:
+    assert REPLAY.is_dir() and not (PACKAGE / "replay").exists()
+    named_by = {path for path in [*PACKAGE_FILES, *SIM.rglob("*.py")] if _names_the_replay(path)}
+    assert named_by == {PACKAGE / "cli.py"}, sorted(str(p) for p in named_by)

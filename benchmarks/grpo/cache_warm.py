@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from benchmarks.prefill.exact_world import ExactRecords, ExactWorld
 from benchmarks.prefill.measure import MODE_SETTINGS
 from rolloutgate.config import GatewaySettings
-from rolloutgate.replay.scenario import ReplayConfig
+from rolloutreplay.scenario import ReplayConfig
 
 __all__ = ("HitRates", "hit_rates", "main", "run_placed")
 

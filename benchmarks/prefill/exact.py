@@ -58,7 +58,7 @@ from benchmarks.prefill.measure import (
 )
 from benchmarks.prefill.replay import ROWS as REPLAY_ROWS
 from rolloutgate.core.config import GatewayCoreConfig
-from rolloutgate.replay.scenario import ReplayConfig
+from rolloutreplay.scenario import ReplayConfig
 
 __all__ = (
     "BOOTSTRAP_FIGURES",

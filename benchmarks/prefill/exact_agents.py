@@ -1,8 +1,8 @@
 """The incident replay's agents in virtual time, for the exact world (benchmarks/prefill/exact_world.py): the
 workload of the virtual-time world (benchmarks/kit/world.py).
 
-Theory of operation: each agent follows its `AgentPlan` (replay/scenario.py, the same plans as the HTTP
-replay for a seed) the way replay/agents.py walks it, with no event loop: a session opens with its
+Theory of operation: each agent follows its `AgentPlan` (rolloutreplay/scenario.py, the same plans as the HTTP
+replay for a seed) the way rolloutreplay/agents.py walks it, with no event loop: a session opens with its
 history (unique token ids: no session shares a prefix with another) and a short task message; each turn is one
 call with the session's whole history as its prompt and the turn's `max_tokens` (`ignore_eos`: every answer has
 its planned length); when it is answered, the answer's first `reply_kept_tokens` (~1K; all of a shorter
@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from rolloutgate.replay.agents import TurnRecord
-from rolloutgate.replay.scenario import AgentPlan, ReplayConfig, SessionPlan, agent_plan
+from rolloutreplay.agents import TurnRecord
+from rolloutreplay.scenario import AgentPlan, ReplayConfig, SessionPlan, agent_plan
 
 __all__ = ("CLIENT_ATTEMPTS", "Call", "ExactAgents")
 

@@ -5,7 +5,7 @@ Theory of operation
 -------------------
 The virtual-time world (benchmarks/kit/world.py: the core, one `EngineModel` per engine of the `incident`
 profile, the loop and its exactness) runs the incident replay's agents (benchmarks/prefill/exact_agents.py: the
-same plans, storms and seed as the HTTP replay, walked as replay/agents.py walks them). Optionally the replay's
+same plans, storms and seed as the HTTP replay, walked as rolloutreplay/agents.py walks them). Optionally the replay's
 weight update too (`weight_update`); never its freeze.
 
 What this module adds to the world:
@@ -38,7 +38,7 @@ from rolloutgate.core.events import (
     RequestArrived,
     RequestLimits,
 )
-from rolloutgate.replay.scenario import ReplayConfig
+from rolloutreplay.scenario import ReplayConfig
 from rolloutsim.profiles import make_config
 
 __all__ = ("ExactRecords", "ExactWorld", "run_exact")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.kit.stats import mean, percentile
-from rolloutgate.replay.scenario import PREFILL_ADMISSION_OFF
+from rolloutreplay.scenario import PREFILL_ADMISSION_OFF
 
 __all__ = (
     "MODES",

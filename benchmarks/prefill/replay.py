@@ -6,10 +6,10 @@
 
 Theory of operation
 -------------------
-For each seed, the incident replay's engine-time mode (replay/world.py: 12 agents on 4 simulated SGLang
+For each seed, the incident replay's engine-time mode (rolloutreplay/world.py: 12 agents on 4 simulated SGLang
 engines, two storms of new ~100K-token sessions, a weight update, an engine that freezes for good) runs twice,
 with prefill-aware admission off (the gateway as it was: session affinity, no budget, no rest) and on (the
-gateway's defaults), in two worker processes started together (replay/run.py `run_workers`), the engines
+gateway's defaults), in two worker processes started together (rolloutreplay/run.py `run_workers`), the engines
 recording every token's time. Both runs of a seed face the same workload and the same scripted events; only
 the gateway's admission differs.
 
@@ -25,7 +25,7 @@ percentiles over all the runs' generations and turns, counts summed, the rest av
   placement changes: this row separates that chance from admission's doing. The headline p99 is the plain one;
 - warm turns' time to first token (medium and long turns: a session's next turn; those caught by the freeze
   aside), the storms' spans;
-- the replay's own engine-time verdicts (replay/run.py `verdicts`), per run;
+- the replay's own engine-time verdicts (rolloutreplay/run.py `verdicts`), per run;
 - the largest event-loop stall of each run: at a high time scale on a busy machine a late loop distorts the run
   (docs/replay.md, fidelity); a run whose loop fell behind by more than half of `stall_timeout` is flagged.
 
@@ -65,10 +65,10 @@ from benchmarks.prefill.measure import (
     table,
     turn_times,
 )
-from rolloutgate.replay.measure import measure as measure_replay
-from rolloutgate.replay.result import verdicts
-from rolloutgate.replay.run import WorkerJob, run_in_process, run_workers
-from rolloutgate.replay.scenario import ReplayConfig
+from rolloutreplay.measure import measure as measure_replay
+from rolloutreplay.result import verdicts
+from rolloutreplay.run import WorkerJob, run_in_process, run_workers
+from rolloutreplay.scenario import ReplayConfig
 
 __all__ = ("ROWS", "compare", "main", "measure", "prefill_config")
 

@@ -8,7 +8,7 @@ Each mode runs the same workload, decided from the seed before anything starts, 
 engines (`incident` profile: a lone decode at ~70 tok/s, a 100K-token prefill in ~36 s during which the
 engine's decodes get 4-8 tok/s, docs/simulator.md) behind a real gateway (server/app.py, HTTP all the way):
 
-- agents: each runs sessions one after the other, like the incident replay (replay/scenario.py): a
+- agents: each runs sessions one after the other, like the incident replay (rolloutreplay/scenario.py): a
   session starts with a 90-110K-token history (cold: nothing cached anywhere), then 4 turns (an opening turn of
   2-4K tokens, then medium 7-13K or long 23-25K ones), 5-20 s of tool time between turns, the history growing
   by 1K tokens of the answer and 1K of tool output; every later turn is a warm long-history session (its

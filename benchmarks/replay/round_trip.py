@@ -28,10 +28,10 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from rolloutgate.replay.result import ReplayResult
-from rolloutgate.replay.run import run_replay
-from rolloutgate.replay.scenario import ReplayConfig
-from rolloutgate.replay.trace_workload import trace_config
+from rolloutreplay.result import ReplayResult
+from rolloutreplay.run import run_replay
+from rolloutreplay.scenario import ReplayConfig
+from rolloutreplay.trace_workload import trace_config
 
 __all__ = ("FIGURES", "RoundTrip", "Run", "compare", "main", "round_trip")
 

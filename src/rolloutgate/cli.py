@@ -16,7 +16,7 @@ from collections.abc import Sequence
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("rolloutgate.server.cli", "run the gateway"),
     "sim": ("rolloutsim.cli", "run simulated SGLang or vLLM engines"),
-    "replay": ("rolloutgate.replay.cli", "replay the incident side by side (engine time vs wallclock)"),
+    "replay": ("rolloutreplay.cli", "replay the incident side by side (engine time vs wallclock)"),
     "fleet": ("rolloutgate.fleet.cli", "gateway replicas on Ray, each owning a shard of the engines"),
     "top": ("rolloutgate.top.cli", "a live view of a gateway or fleet: engines, queue, clocks, waste"),
 }

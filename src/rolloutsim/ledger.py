@@ -22,7 +22,7 @@ Weights per token. Each record carries the versions its tokens were generated un
 a fleet are attached together (`GenerationLedger.attach_fleet`), `token_marks`: its token count at every
 moment any engine of the fleet changed weights. Between two such moments the fleet's newest version and its
 engine's version are both fixed, so a reader can say exactly how many of its tokens were generated while a
-newer version was held somewhere (replay/measure.py `version_figures`).
+newer version was held somewhere (rolloutreplay/measure.py `version_figures`).
 
 Health probes (`internal` requests) are not recorded. Nothing here changes the engine's behaviour; with no
 ledger attached the hooks are never called.

@@ -1,6 +1,6 @@
 """A replica SIGKILLed mid-rollout (`make test-fleet`), the issue's scenario: a local Ray cluster, 3 replica
 actors, 6 simulated SGLang engines (`rolloutgate sim`, x100), no `--state-dir` (the records live on two
-replicas, fleet/replication.py), and the replay's agents (replay/agents.py: LiteLLM with its default
+replicas, fleet/replication.py), and the replay's agents (rolloutreplay/agents.py: LiteLLM with its default
 retries, non-streamed turns) through the one URL, the fleet's shared port that every replica listens on: six on
 the session API (`/sessions/{id}/v1`), three with a routing key (`X-Session-Id` on `/v1`). Once replica 0 has
 turns running, its process is SIGKILLed: it was the owner of some calls and the forwarder of others. The agents
@@ -29,9 +29,9 @@ import pytest
 
 from rolloutgate.config import GatewaySettings
 from rolloutgate.fleet import Fleet
-from rolloutgate.replay.agents import AgentFleet, TurnRecord, import_litellm
-from rolloutgate.replay.scenario import ReplayConfig, agent_plan
-from rolloutgate.replay.world import warm_up
+from rolloutreplay.agents import AgentFleet, TurnRecord, import_litellm
+from rolloutreplay.scenario import ReplayConfig, agent_plan
+from rolloutreplay.world import warm_up
 from tests.fleet.on_ray import fleet_on_ray, pools_hold, simulated_engines, wait_for
 from tests.ports import port_of, reserved_port
 

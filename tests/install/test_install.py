@@ -2,8 +2,8 @@
 
 The tree as a fresh clone has it (tracked and untracked-but-not-ignored files: no build of this checkout) is
 copied, installed with pip's build isolation as a user would install it, and asked which of its modules are C
-extensions once the whole gateway is imported, and what the wheel holds: the package, never the benchmarks beside
-it (benchmarks/) or the tests.
+extensions once the whole gateway is imported, and what the wheel holds: the package and its siblings (the
+simulator, the replay), never the benchmarks beside it (benchmarks/) or the tests.
 """
 
 from __future__ import annotations
@@ -94,5 +94,14 @@ def test_pip_install_runs_the_compiled_modules(tmp_path: Path) -> None:
     )
     (record,) = site.glob("rolloutgate-*.dist-info/RECORD")
     installed = {line.split(",", 1)[0].split("/", 1)[0] for line in record.read_text().splitlines()}
-    assert "rolloutgate" in installed and not installed & {"benchmarks", "tests"}, sorted(installed)
+    assert {"rolloutgate", "rolloutsim", "rolloutreplay"} <= installed, sorted(installed)  # the siblings too
+    assert not installed & {"benchmarks", "tests"}, sorted(installed)
+    for command in ("sim", "replay"):  # each sibling's subcommand runs from the installed wheel
+        shown = subprocess.run(
+            [str(venv / "bin" / "rolloutgate"), command, "--help"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+        )
+        assert shown.returncode == 0 and "usage: rolloutgate" in shown.stdout, shown.stderr
     assert not (site / "benchmarks").exists() and not (site / "rolloutgate" / "bench").exists()

@@ -1,11 +1,11 @@
-"""A mode's records as JSON (replay/world.py `ModeRecords`), built by hand for measure tests: empty but for
+"""A mode's records as JSON (rolloutreplay/world.py `ModeRecords`), built by hand for measure tests: empty but for
 what a test gives."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rolloutgate.replay.scenario import ReplayConfig
+from rolloutreplay.scenario import ReplayConfig
 
 
 def mode_records(config: ReplayConfig, engines: int, **fields: Any) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The replay's agents carry their session's token budget (replay/agents.py): in the body of
+"""The replay's agents carry their session's token budget (rolloutreplay/agents.py): in the body of
 `POST /sessions` with the session API, as the X-Rolloutgate-Max-Seq-Len header on each call without it; with
 groups, a storm wave's sessions share one prompt and one group id."""
 
@@ -12,9 +12,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from rolloutgate.replay.agents import AgentFleet
-from rolloutgate.replay.scenario import ReplayConfig, agent_plan
 from rolloutgate.server.front import GROUP_HEADER
+from rolloutreplay.agents import AgentFleet
+from rolloutreplay.scenario import ReplayConfig, agent_plan
 
 
 @pytest.fixture

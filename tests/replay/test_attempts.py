@@ -1,5 +1,5 @@
-"""What the replay records without touching the gateway: the client's attempts (replay/attempts.py), the
-gateway's arrivals, verdicts and engine marks through the driver's observers (replay/gateway.py), and
+"""What the replay records without touching the gateway: the client's attempts (rolloutreplay/attempts.py), the
+gateway's arrivals, verdicts and engine marks through the driver's observers (rolloutreplay/gateway.py), and
 the join of the two."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 
 from rolloutgate.config import EngineSpec, GatewaySettings
 from rolloutgate.core.commands import MarkEngine
-from rolloutgate.replay.attempts import AttemptRecord, AttemptTap, join, recording
-from rolloutgate.replay.gateway import GatewayRecorder
 from rolloutgate.server.app import GatewayServer
+from rolloutreplay.attempts import AttemptRecord, AttemptTap, join, recording
+from rolloutreplay.gateway import GatewayRecorder
 from rolloutsim import SimCluster
 
 

@@ -1,4 +1,4 @@
-"""The replay's RL rows (replay/measure.py, report.py): tokens saved by session token budgets (the
+"""The replay's RL rows (rolloutreplay/measure.py, report.py): tokens saved by session token budgets (the
 gateway's counter, and the agents' own count of tokens not generated past the budget), prefill tokens saved by
 groups, requests aborted as stale and partial samples, read from the gateway's /metrics (0 where absent)."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rolloutgate.replay.measure import measure
-from rolloutgate.replay.report import markdown_report
-from rolloutgate.replay.result import ReplayResult
-from rolloutgate.replay.scenario import ReplayConfig
+from rolloutreplay.measure import measure
+from rolloutreplay.report import markdown_report
+from rolloutreplay.result import ReplayResult
+from rolloutreplay.scenario import ReplayConfig
 from tests.replay.mode_records import mode_records
 
 

@@ -1,4 +1,4 @@
-"""The replay's weight figures (replay/measure.py `version_figures`), on hand-built engine records: tokens
+"""The replay's weight figures (rolloutreplay/measure.py `version_figures`), on hand-built engine records: tokens
 generated under a version older than the fleet's newest at that moment (served: in a delivered answer), and
 generations that reached an engine while it was half-updated (mid-update, the fleet's update under way and not
 yet on it, or behind the fleet after a failed update or a restart onto its launch weights)."""
@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from rolloutgate.replay.measure import FleetWeights, measure, version_figures, view_generations
-from rolloutgate.replay.report import markdown_report
-from rolloutgate.replay.result import ReplayResult
-from rolloutgate.replay.scenario import ReplayConfig
+from rolloutreplay.measure import FleetWeights, measure, version_figures, view_generations
+from rolloutreplay.report import markdown_report
+from rolloutreplay.result import ReplayResult
+from rolloutreplay.scenario import ReplayConfig
 from tests.replay.mode_records import mode_records
 
 # 3 engines on `default`; the update to v2 runs on engine 1 from 100 s and on engine 2 from 105 s, both take it
@@ -224,8 +224,8 @@ def test_records_without_the_engines_weights_give_zeros() -> None:
 
 
 def test_version_faults_in_the_scenario_and_the_gateways_settings() -> None:
-    from rolloutgate.replay.scenario import timeline
-    from rolloutgate.replay.world import gateway_settings
+    from rolloutreplay.scenario import timeline
+    from rolloutreplay.world import gateway_settings
 
     config = ReplayConfig(engines=4, duration_s=1000.0, version_faults=True)
     events = {e.kind: e for e in timeline(config)}

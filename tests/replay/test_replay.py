@@ -22,9 +22,9 @@ import pytest
 import pytest_asyncio
 
 from rolloutgate.config import GatewaySettings
-from rolloutgate.replay.result import ReplayResult
-from rolloutgate.replay.run import run_replay
-from rolloutgate.replay.scenario import ReplayConfig
+from rolloutreplay.result import ReplayResult
+from rolloutreplay.run import run_replay
+from rolloutreplay.scenario import ReplayConfig
 
 # LiteLLM leaves a coroutine unawaited when an agent's call is cancelled at the end of the run
 pytestmark = pytest.mark.filterwarnings(
@@ -121,7 +121,7 @@ def test_replay_writes_json_and_figure(replayed: tuple[ReplayResult, Path]) -> N
 
 
 def test_a_request_moved_off_the_frozen_engine_and_still_running_at_the_end_is_not_lost() -> None:
-    from rolloutgate.replay.measure import GenerationView, _frozen_requests
+    from rolloutreplay.measure import GenerationView, _frozen_requests
 
     def view(request_id: str, engine: int, end_at: float, outcome: str) -> GenerationView:
         return GenerationView(
@@ -192,7 +192,7 @@ def run_of(requests: list[tuple], generations: list[dict[str, object]]) -> dict[
 def test_an_answer_on_its_way_when_the_run_ends_is_in_progress_not_wasted() -> None:
     """A generation the engine finished 2 s before the end, whose answer its client was still reading when the
     run stopped (the make demo run of 2026-12-01 19:31 counted its 528 engine-seconds as wasted)."""
-    from rolloutgate.replay.measure import view_generations
+    from rolloutreplay.measure import view_generations
 
     late, gone = ended("late", 100.1, ok=True), ended("gone", 50.0, ok=True, client_gone=True)
     late[1]["ended_at"], gone[1]["ended_at"] = 100.2, 40.0  # still reading at the end; left before its end
@@ -204,7 +204,7 @@ def test_an_answer_on_its_way_when_the_run_ends_is_in_progress_not_wasted() -> N
 def test_a_partial_sample_is_delivered_and_an_earlier_aborted_attempt_is_wasted() -> None:
     """`--on-stale partial`: the stale request's last attempt, ended by its engine's abort, is the answer its
     client received (a partial sample); an attempt aborted before it (re-queued) was still work for nobody."""
-    from rolloutgate.replay.measure import view_generations
+    from rolloutreplay.measure import view_generations
 
     records = run_of(
         [ended("stale", 41.0, ok=True), ended("cut", 41.0, ok=False, status=504)],

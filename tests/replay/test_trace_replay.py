@@ -16,10 +16,10 @@ import pytest
 import pytest_asyncio
 
 from rolloutgate.config import GatewaySettings
-from rolloutgate.replay.result import ReplayResult
-from rolloutgate.replay.run import run_replay
-from rolloutgate.replay.trace_workload import read_trace, trace_config
 from rolloutgate.server.trace import TRACE_VERSION
+from rolloutreplay.result import ReplayResult
+from rolloutreplay.run import run_replay
+from rolloutreplay.trace_workload import read_trace, trace_config
 from tests.replay.test_replay import SHORT
 
 pytestmark = pytest.mark.filterwarnings(

@@ -1,4 +1,4 @@
-"""A trace as the replay's workload (replay/trace_workload.py), on small hand-written traces."""
+"""A trace as the replay's workload (rolloutreplay/trace_workload.py), on small hand-written traces."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from rolloutgate.replay.scenario import ReplayConfig
-from rolloutgate.replay.trace_workload import TraceError, TraceWorkload, read_trace, trace_config
+from rolloutreplay.scenario import ReplayConfig
+from rolloutreplay.trace_workload import TraceError, TraceWorkload, read_trace, trace_config
 
 E0, E1 = "http://127.0.0.1:1", "http://127.0.0.1:2"
 HEADER = {

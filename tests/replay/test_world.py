@@ -1,4 +1,4 @@
-"""The replay's reading of the gateway's RL counters (replay/world.py `_gateway_counters`): from its
+"""The replay's reading of the gateway's RL counters (rolloutreplay/world.py `_gateway_counters`): from its
 /metrics as a scraper reads them, labels matched, 0 for a counter the gateway does not export."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from rolloutgate.replay.world import COUNTERS, _gateway_counters
+from rolloutreplay.world import COUNTERS, _gateway_counters
 
 METRICS = """\
 # HELP rolloutgate_budget_tokens_saved_total Output tokens a token budget did not allow

@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from rolloutgate.core.events import GateClosed, GateOpened, PauseMode
-from rolloutgate.replay.trace_workload import read_trace
 from rolloutgate.server.trace import FLUSH_BYTES, TRACE_VERSION, TraceRecorder
+from rolloutreplay.trace_workload import read_trace
 from rolloutsim.faults import Fault
 from tests.server.conftest import MakeCluster, MakeGateway
 from tests.sim.helpers import wait_until

@@ -19,7 +19,7 @@ Commands:
 Observers: `Driver.observers` are called with every verdict of the core, before its commands run:
 `observer(now, event, commands)` with the gateway time, the event the core was told (None for one of its own
 deadlines firing) and the commands it returned (often none). They only look (the incident replay records
-when a request arrived and when an engine was marked, replay/gateway.py); with none registered the cost
+when a request arrived and when an engine was marked, rolloutreplay/gateway.py); with none registered the cost
 is one check per verdict. The way to watch the core: it is compiled by mypyc, its methods cannot be replaced.
 """
 

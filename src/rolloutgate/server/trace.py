@@ -4,7 +4,7 @@ Theory of operation: `TraceRecorder` only looks, through the driver's public hoo
 observer it sees each `RequestArrived` (arrival, session, prompt length), `ClientDisconnected`, the gate
 closing and opening, engines paused and resumed by the gateway, and each `MarkEngine` verdict (quarantined,
 unhealthy, healthy); its `on_end` and `on_forget` callbacks write the request's line once it ended. What an
-operator replays from it (`rolloutgate replay trace FILE`, replay/trace_workload.py) is the workload:
+operator replays from it (`rolloutgate replay trace FILE`, rolloutreplay/trace_workload.py) is the workload:
 sessions, arrivals, lengths; the gateway's timings and verdicts are there to compare.
 
 Lines are buffered and written in batches of `FLUSH_BYTES` (and on close, at shutdown): a line costs the

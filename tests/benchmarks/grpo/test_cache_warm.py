@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from benchmarks.grpo.cache_warm import hit_rates, run_placed
-from rolloutgate.replay.scenario import ReplayConfig
+from rolloutreplay.scenario import ReplayConfig
 
 LOAD = replace(ReplayConfig(), duration_s=1200.0)  # the replay's 12 agents on 4 engines, its first 20 minutes
 

@@ -28,7 +28,7 @@ from benchmarks.prefill.exact import (
 from benchmarks.prefill.exact_agents import CLIENT_ATTEMPTS, ExactAgents
 from benchmarks.prefill.exact_world import ExactWorld, run_exact
 from benchmarks.prefill.measure import table
-from rolloutgate.replay.scenario import ReplayConfig, agent_plan
+from rolloutreplay.scenario import ReplayConfig, agent_plan
 from rolloutsim import SimCluster
 
 SMALL = ReplayConfig(

@@ -17,7 +17,7 @@ import pytest
 
 from benchmarks.prefill.measure import table
 from benchmarks.prefill.replay import ROWS, compare, measure, pool_runs, prefill_config
-from rolloutgate.replay.scenario import ReplayConfig
+from rolloutreplay.scenario import ReplayConfig
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:coroutine 'OpenAIChatCompletion.acompletion' was never awaited:RuntimeWarning"

@@ -20,8 +20,8 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.patches import Patch
 
-from rolloutgate.replay.measure import LARGE_PREFILL_TOKENS, GenerationView, view_generations
-from rolloutgate.replay.result import ReplayResult
+from rolloutreplay.measure import LARGE_PREFILL_TOKENS, GenerationView, view_generations
+from rolloutreplay.result import ReplayResult
 
 __all__ = ("draw",)
 

@@ -34,15 +34,15 @@ from typing import Any
 
 import orjson
 
-from rolloutgate.replay.measure import LARGE_PREFILL_TOKENS
-from rolloutgate.replay.scenario import (
+from rolloutgate.server.trace import TRACE_VERSION
+from rolloutreplay.measure import LARGE_PREFILL_TOKENS
+from rolloutreplay.scenario import (
     AgentPlan,
     ReplayConfig,
     ScenarioEvent,
     SessionPlan,
     TurnPlan,
 )
-from rolloutgate.server.trace import TRACE_VERSION
 
 __all__ = (
     "STORM_WINDOW_S",

@@ -20,11 +20,11 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rolloutgate.replay.scenario import MODES, ReplayConfig
+from rolloutreplay.scenario import MODES, ReplayConfig
 
 __all__ = ("add_arguments", "run")
 
-SCENARIOS = ("incident", "trace")  # trace: a recorded trace's workload (replay/trace_workload.py)
+SCENARIOS = ("incident", "trace")  # trace: a recorded trace's workload (rolloutreplay/trace_workload.py)
 _DEFAULTS = ReplayConfig()
 
 
@@ -137,7 +137,7 @@ def _config(args: argparse.Namespace) -> ReplayConfig:
         "update_on_failure": args.on_update_failure,
     }
     if args.scenario == "trace":
-        from rolloutgate.replay.trace_workload import trace_config
+        from rolloutreplay.trace_workload import trace_config
 
         if args.file is None:
             raise ValueError("replay trace takes the trace's file: rolloutgate replay trace FILE")
@@ -156,8 +156,8 @@ def _setting(text: str) -> tuple[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rolloutgate.replay.report import print_report
-    from rolloutgate.replay.run import run_replay
+    from rolloutreplay.report import print_report
+    from rolloutreplay.run import run_replay
 
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     unknown = [m for m in modes if m not in MODES]

@@ -33,20 +33,20 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from rolloutgate.config import EngineSpec, GatewaySettings
-from rolloutgate.replay.agents import AgentFleet, import_litellm
-from rolloutgate.replay.attempts import join
-from rolloutgate.replay.gateway import GatewayRecorder
-from rolloutgate.replay.measure import LARGE_PREFILL_TOKENS
-from rolloutgate.replay.scenario import (
+from rolloutgate.server.app import GatewayServer
+from rolloutgate.server.context import GatewayContext
+from rolloutreplay.agents import AgentFleet, import_litellm
+from rolloutreplay.attempts import join
+from rolloutreplay.gateway import GatewayRecorder
+from rolloutreplay.measure import LARGE_PREFILL_TOKENS
+from rolloutreplay.scenario import (
     PREFILL_ADMISSION_OFF,
     ReplayConfig,
     ScenarioEvent,
     agent_plan,
     timeline,
 )
-from rolloutgate.replay.trace_workload import TraceWorkload
-from rolloutgate.server.app import GatewayServer
-from rolloutgate.server.context import GatewayContext
+from rolloutreplay.trace_workload import TraceWorkload
 from rolloutsim import SimCluster
 from rolloutsim.engine import SimEngine
 from rolloutsim.faults import Fault

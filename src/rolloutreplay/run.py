@@ -30,11 +30,11 @@ from typing import Any
 
 import orjson
 
-from rolloutgate.replay.measure import measure
-from rolloutgate.replay.report import markdown_report
-from rolloutgate.replay.result import ReplayResult
-from rolloutgate.replay.scenario import MODES, ReplayConfig
-from rolloutgate.replay.world import ModeRecords, run_mode
+from rolloutreplay.measure import measure
+from rolloutreplay.report import markdown_report
+from rolloutreplay.result import ReplayResult
+from rolloutreplay.scenario import MODES, ReplayConfig
+from rolloutreplay.world import ModeRecords, run_mode
 
 __all__ = ("WorkerJob", "report_replay", "run_in_process", "run_replay", "run_workers")
 
@@ -45,7 +45,7 @@ def _worker_command(config: ReplayConfig, mode: str, out: Path) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "rolloutgate.replay.worker",
+        "rolloutreplay.worker",
         "--mode",
         mode,
         "--config",
@@ -170,7 +170,7 @@ def report_replay(
     (out_dir / "replay.md").write_text(markdown_report(result))
     if plot:
         try:
-            from rolloutgate.replay.plot import draw  # matplotlib (the `replay` extra): only when drawing
+            from rolloutreplay.plot import draw  # matplotlib (the `replay` extra): only when drawing
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise SystemExit(
                 "the replay's PNG needs matplotlib: pip install 'rolloutgate[replay]' (or --no-plot)"

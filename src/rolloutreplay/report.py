@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rolloutgate.replay.result import ReplayResult
+from rolloutreplay.result import ReplayResult
 
 __all__ = ("fidelity_warnings", "figures_table", "markdown_report", "print_report", "verdicts_table")
 

@@ -1,4 +1,4 @@
-"""One mode of the replay in a process of its own: `python -m rolloutgate.replay.worker`.
+"""One mode of the replay in a process of its own: `python -m rolloutreplay.worker`.
 
 The two modes run side by side, one process each, so that each has a core to itself on a 2-core machine: a
 mode's engines, gateway and agents share one event loop, and a loop that falls behind delays progress events,
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import orjson
 
-from rolloutgate.replay.scenario import ReplayConfig
-from rolloutgate.replay.world import run_mode
+from rolloutreplay.scenario import ReplayConfig
+from rolloutreplay.world import run_mode
 
 __all__ = ("main",)
 
@@ -36,7 +36,7 @@ def _event_loop_runner() -> object:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rolloutgate.replay.worker")
+    parser = argparse.ArgumentParser(prog="rolloutreplay.worker")
     parser.add_argument("--mode", choices=("engine", "wallclock"), required=True)
     parser.add_argument("--config", required=True, help="ReplayConfig as JSON")
     parser.add_argument("--out", required=True, help="where to write the records (JSON)")

@@ -71,7 +71,7 @@ class ReplayConfig:
     # GRPO groups (docs/rl.md): each storm wave is one group, the n samples of one prompt: its sessions share
     # one history and carry one group id (X-Rolloutgate-Group), so the gateway places them together
     groups: bool = False
-    # trace capture and replay (replay/trace_workload.py, docs/replay.md)
+    # trace capture and replay (rolloutreplay/trace_workload.py, docs/replay.md)
     record_trace: str | None = None  # a folder: each mode's gateway writes trace-<mode>.jsonl there
     trace: str | None = None  # a trace to replay: its sessions and events instead of the scenario's
     gateway_settings: tuple[tuple[str, str], ...] = ()  # more gateway settings: (name, value as text)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rolloutgate.replay.scenario import ReplayConfig
-from rolloutgate.replay.world import ModeRecords, gateway_settings
+from rolloutreplay.scenario import ReplayConfig
+from rolloutreplay.world import ModeRecords, gateway_settings
 
 __all__ = ("ReplayResult", "verdicts")
 

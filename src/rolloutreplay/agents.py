@@ -24,9 +24,9 @@ from typing import Any
 
 import aiohttp
 
-from rolloutgate.replay.attempts import AttemptRecord, install, recording
-from rolloutgate.replay.scenario import AgentPlan, ReplayConfig, SessionPlan
 from rolloutgate.server.front import GROUP_HEADER
+from rolloutreplay.attempts import AttemptRecord, install, recording
+from rolloutreplay.scenario import AgentPlan, ReplayConfig, SessionPlan
 
 __all__ = ("AgentFleet", "TurnRecord", "import_litellm")
 
