@@ -61,5 +61,5 @@ def observe_cache_hits(metrics: Metrics, exchange: Exchange, outcome: Finished |
     if usage is None:
         return
     prompt, cached = usage
-    metrics.engine_prompt_tokens.labels(engine=exchange.engine_id).inc(prompt)
-    metrics.engine_cached_tokens.labels(engine=exchange.engine_id).inc(cached)
+    metrics.child(metrics.engine_prompt_tokens, exchange.engine_id).inc(prompt)
+    metrics.child(metrics.engine_cached_tokens, exchange.engine_id).inc(cached)

@@ -58,7 +58,6 @@ ROUTING_KEY_HEADERS = ("X-SMG-Routing-Key", "X-Session-Id")
 GROUP_HEADER = "X-Rolloutgate-Group"
 GROUP_BODY_FIELD = "rolloutgate_group"
 MAX_GROUP_CHARS = 256
-_ROUTE_COUNTERS = "front.route_counters"  # ctx.extras key: the request counter's child per route
 _DEFAULT_LIMITS = "front.default_limits"  # ctx.extras key: (settings' budgets, their RequestLimits)
 ROUTES = {route.value: route for route in Route}
 
@@ -307,7 +306,7 @@ async def _read_request(
 
     The raw bytes are dropped here: a request's frames and aiohttp's request object live as long as its
     generation, and a 100K-token prompt is ~650 KB of JSON. Its body stays (retries need it)."""
-    _route_counter(ctx, route).inc()
+    ctx.metrics.child(ctx.metrics.requests, route.value).inc()
     raw = await read_body(request, ctx.settings.max_body_bytes)
     body, prompt_ids = parse_inference_body(raw, route, ctx.settings)
     validate_body(route, body, ctx.settings, vocab_size=ctx.pool.vocab_size)
@@ -371,17 +370,6 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         if len(body) > limit:
             raise PayloadTooLarge(f"request body is over {limit} bytes")
     return bytes(body)
-
-
-def _route_counter(ctx: GatewayContext, route: Route) -> Any:
-    """`ctx.metrics.requests` for `route`, resolved once: `labels()` costs a lock and a dict build per call."""
-    counters: dict[Route, Any] | None = ctx.extras.get(_ROUTE_COUNTERS)
-    if counters is None:
-        counters = ctx.extras[_ROUTE_COUNTERS] = {}
-    counter = counters.get(route)
-    if counter is None:
-        counter = counters[route] = ctx.metrics.requests.labels(route=route.value)
-    return counter
 
 
 def _inference(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:

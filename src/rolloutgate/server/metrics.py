@@ -157,6 +157,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self._children: dict[tuple[Counter, str], Any] = {}  # `child`
         self.requests = Counter("rolloutgate_requests", "Requests received", ["route"], registry=r)
         self.clock_seconds = LightHistograms(
             "rolloutgate_clock_seconds",
@@ -263,6 +264,15 @@ class Metrics:
             ["engine"],
             registry=r,
         )
+
+    def child(self, metric: Counter, value: str) -> Any:
+        """`metric.labels(value)` for a metric of one label, resolved once per value: `labels()` takes a lock
+        and builds its key on every call, a visible share of a short request's CPU. Label values here are
+        bounded (routes, engines)."""
+        found = self._children.get((metric, value))
+        if found is None:
+            found = self._children[(metric, value)] = metric.labels(value)
+        return found
 
     def watch(self, read: Callable[[], dict[str, Any]]) -> None:
         self.registry.register(_StateCollector(read))
