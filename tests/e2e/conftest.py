@@ -21,6 +21,7 @@ from tests.e2e.harness import (
     sglang_version,
     start_gateway,
     start_sim,
+    stop_leftovers,
 )
 
 # LiteLLM tries to download a price map at import without this; the machine has no internet.
@@ -47,6 +48,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_outlives_the_run() -> Iterator[None]:
+    """At the session's end, stop whatever a test started and did not stop (one cut by its timeout)."""
+    yield
+    if left := stop_leftovers():
+        print(f"\nstopped at the session's end, left running by a cut test: {', '.join(left)}")
 
 
 @pytest.fixture(scope="session")

@@ -89,6 +89,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# Every ManagedProcess not yet stopped: the session's end stops them (`stop_leftovers`), so a test cut before its
+# `finally` (pytest-timeout) leaves no real engine running after the run.
+_RUNNING: set[ManagedProcess] = set()
+
+
+def stop_leftovers() -> list[str]:
+    """Stop every process a test started and never stopped; their names."""
+    names = sorted(process.name for process in _RUNNING)
+    for process in list(_RUNNING):
+        process.stop(grace_s=5.0)
+    return names
+
+
 class ManagedProcess:
     """A subprocess in its own process group, its output in a log file, stopped by PID (the whole group)."""
 
@@ -113,6 +126,7 @@ class ManagedProcess:
             cwd=cwd or REPO_ROOT,
             start_new_session=True,  # own group: stopping it stops its children too
         )
+        _RUNNING.add(self)
 
     @property
     def pid(self) -> int:
@@ -126,14 +140,20 @@ class ManagedProcess:
         return "\n".join(text.splitlines()[-lines:])
 
     def stop(self, grace_s: float = 15.0) -> None:
-        if self.is_alive():
-            self._signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
+        """SIGTERM, then SIGKILL after `grace_s`. The SIGKILL is in a `finally`: a test cut by pytest-timeout
+        while it waits here (the timeout raises inside `wait`) still leaves no engine behind."""
+        try:
+            if self.is_alive():
+                self._signal(signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.popen.wait(timeout=grace_s)
+        finally:
+            if self.is_alive():
                 self._signal(signal.SIGKILL)
-                self.popen.wait(timeout=grace_s)
-        self._log.close()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.popen.wait(timeout=grace_s)
+            self._log.close()
+            _RUNNING.discard(self)
 
     def _signal(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):
