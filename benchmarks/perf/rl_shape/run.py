@@ -209,9 +209,10 @@ def _run_shape(
             "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started)),
             "code": _code_version(),
             "machine": machine_description(),
-            "pinning": "none (one CPU)"
+            "pinning": "none: every process on every CPU"
             if server_cpu is None
             else f"gateway on CPU {server_cpu}; simulator and clients on CPU {client_cpu}",
+            "client_cpu": client_cpu,
             "engine_flags": engine_flags(options),
             "rolloutgate_args": ["--time-scale", f"{options.time_scale:g}"],
             "routers": {name: router_version(python, ROUTERS[name]) for name, python in routers.items()},

@@ -201,6 +201,8 @@ def paired_added_pct(phase: dict[str, Any], direct: dict[str, Any], q: float = 5
 def limits(result: dict[str, Any]) -> list[str]:
     """What bounded this run: the simulator's and the client's CPU, the decode lag, cut phases."""
     options = result["options"]
+    client_cpu = result["meta"].get("client_cpu")
+    beside = f"CPU {client_cpu}, shared with the clients" if client_cpu else "unpinned, beside the clients"
     lines = []
     for name, phase in result["phases"].items():
         sim, client, stretch = phase["sim_cores"], phase["client_cores"], phase["stretch_p50"]
@@ -226,7 +228,7 @@ def limits(result: dict[str, Any]) -> list[str]:
                 flags.append(note + ("; it is the bottleneck" if share >= 0.85 else ""))
         gateway = "" if phase["gateway_cores"] is None else f", gateway {phase['gateway_cores']:.2f} cores"
         lines.append(
-            f"{name}: simulator {sim:.2f} cores (CPU 1, shared with the clients: {client:.2f} cores){gateway}; "
+            f"{name}: simulator {sim:.2f} cores ({beside}: {client:.2f} cores){gateway}; "
             f"median turn x{stretch:.3f} its simulated decode" + (f"; {'; '.join(flags)}" if flags else "")
         )
     return lines
