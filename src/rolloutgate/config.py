@@ -167,7 +167,8 @@ class GatewaySettings(BaseSettings):
         description="a non-streaming single-prompt /generate call's output comes from the engine every this "
         "many tokens, so when its engine dies, hangs or is drained it continues on another from its last chunk "
         "instead of starting over; each chunk repeats the output so far (SGLang's cumulative stream), so the "
-        "engine's output work grows with the length squared over this (docs/gateway.md). 0 = first token and "
+        "engine's output work grows with the length squared over this, unless the engine runs with "
+        "--incremental-streaming-output (then with the length: docs/gateway.md). 0 = first token and "
         "end only: what a direct call costs, and such a call starts over",
     )
     engine_pause_aborts: Literal["pass", "rerun"] = Field(

@@ -76,6 +76,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kv-preemption", action="store_true", help="preempt the newest request when the KV cache is full"
     )
     parser.add_argument(
+        "--incremental-streaming-output",
+        action="store_true",
+        help="SGLang's flag: a streamed /generate chunk carries only its new text, ids and logprobs",
+    )
+    parser.add_argument(
         "--tokenizer",
         metavar="DIR",
         default=None,
@@ -114,6 +119,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["enable_prefix_cache"] = False
     if args.kv_preemption:
         out["kv_preemption"] = True
+    if args.incremental_streaming_output:
+        out["incremental_streaming_output"] = True
     if args.no_output_cost:
         out["output_bytes_per_s"] = math.inf
         out["output_chunk_s"] = 0.0

@@ -73,12 +73,19 @@ def _sse_later_by(item: dict[str, Any]) -> Callable[[float], bytes]:
 
 
 def _rebuilder(
-    req: SimRequest, view: TokenView, params: GenParams, count: int, version: str, index: int, batch: bool
+    req: SimRequest,
+    view: TokenView,
+    params: GenParams,
+    count: int,
+    version: str,
+    index: int,
+    batch: bool,
+    since: int,
 ) -> Callable[[], bytes]:
-    """`Frame.rebuild` for a non-final cumulative /generate chunk: the same bytes, built again."""
+    """`Frame.rebuild` for a non-final /generate chunk: the same bytes, built again."""
 
     def rebuild() -> bytes:
-        item = generate_item(req, view, params, count, final=False, weight_version=version)
+        item = generate_item(req, view, params, count, final=False, weight_version=version, since=since)
         if batch:
             item["index"] = index
         return sse(item)
@@ -204,6 +211,7 @@ class SGLangRoutes:
         await response.prepare(request)  # SGLang /generate sends its headers at once
         views = [TokenView(r) for r in reqs]
         cursors = [StreamCursor(p.stream_interval) for p in items]
+        incremental = self.config.incremental_streaming_output
         engine = self.engine
         writer = StreamWriter(engine, response)  # chunks leave when the output path has served them
         try:
@@ -220,9 +228,16 @@ class SGLangRoutes:
                             data = sse({"error": error | {"type": "invalid_request_error"}})
                             frames.append(Frame(req.finished_at or engine.now(), data, answers=(req,)))
                         continue
+                    since = cursor.sent if incremental else 0
                     for count, final in cursor.marks(req.completion_tokens, req.is_finished):
                         item = generate_item(
-                            req, view, params, count, final=final, weight_version=engine.weight_version
+                            req,
+                            view,
+                            params,
+                            count,
+                            final=final,
+                            weight_version=engine.weight_version,
+                            since=since,
                         )
                         if batch:
                             item["index"] = index
@@ -233,9 +248,11 @@ class SGLangRoutes:
                             ready_at = token_ready_at(req, count)
                             ready = engine.now() if ready_at is None else ready_at
                             rebuild = _rebuilder(
-                                req, view, params, count, engine.weight_version, index, batch
+                                req, view, params, count, engine.weight_version, index, batch, since
                             )
                             frames.append(Frame(ready, sse(item), rebuild=rebuild))
+                        if incremental:
+                            since = count
                     req.notify_from = cursor.next_mark()
                 finished = all(c.done for c in cursors)
                 if frames or finished:
@@ -407,6 +424,7 @@ class SGLangRoutes:
             "tp_size": 1,
             "dp_size": 1,
             "stream_interval": 1,
+            "incremental_streaming_output": config.incremental_streaming_output,
             "enable_metrics": True,
             "weight_version": self.engine.weight_version,
         }

@@ -65,9 +65,18 @@ def prompt_logprobs(params: GenParams) -> list[list[Any]]:
 
 
 def generate_item(
-    req: SimRequest, view: TokenView, params: GenParams, count: int, *, final: bool, weight_version: str
+    req: SimRequest,
+    view: TokenView,
+    params: GenParams,
+    count: int,
+    *,
+    final: bool,
+    weight_version: str,
+    since: int = 0,
 ) -> dict[str, Any]:
-    """One SGLang /generate result (cumulative up to `count` tokens); `final` adds finish and latency."""
+    """One SGLang /generate result up to `count` tokens; `final` adds finish and latency. Its text, ids and
+    output logprobs are tokens `since`..`count`: all of them (0, cumulative), or a chunk's own under
+    `--incremental-streaming-output`; the counts in `meta_info` are the whole output's either way."""
     view.upto(count)
     finish = req.finish if final else None
     meta: dict[str, Any] = {"id": req.rid, "finish_reason": None if finish is None else finish.sglang()}
@@ -90,22 +99,26 @@ def generate_item(
         ids, lps = view.ids, view.lps
         if text_of is None:
             meta["output_token_logprobs"] = [
-                [lp, tid, None] for lp, tid in zip(lps[:count], ids[:count], strict=True)
+                [lp, tid, None] for lp, tid in zip(lps[since:count], ids[since:count], strict=True)
             ]
         else:
             meta["output_token_logprobs"] = [
-                [lp, tid, text_of(tid)] for lp, tid in zip(lps[:count], ids[:count], strict=True)
+                [lp, tid, text_of(tid)] for lp, tid in zip(lps[since:count], ids[since:count], strict=True)
             ]
         meta["output_token_logprobs_length"] = count
         if params.top_logprobs:
             meta["input_top_logprobs"] = []
             meta["output_top_logprobs"] = [
                 [[lp, tid, None] for lp, tid in view.alternatives(i, params.top_logprobs)]
-                for i in range(count)
+                for i in range(since, count)
             ]
     if final:
         meta["e2e_latency"] = req.e2e_latency()
-    item: dict[str, Any] = {"text": view.text(0, count), "output_ids": view.ids[:count], "meta_info": meta}
+    item: dict[str, Any] = {
+        "text": view.text(since, count),
+        "output_ids": view.ids[since:count],
+        "meta_info": meta,
+    }
     if params.return_prompt_token_ids:
         item["prompt_token_ids"] = params.prompt_ids
     return item

@@ -82,6 +82,9 @@ class SimEngineConfig:
     disconnect_lag_s: float = 2.0  # SGLang notices a client disconnect this long after it happens (vLLM: 0)
     enable_cache_report: bool = True  # usage.prompt_tokens_details.cached_tokens on the OpenAI routes
     record_token_times: bool = False  # keep each token's simulated time per request (tests only)
+    # SGLang --incremental-streaming-output: a streamed /generate chunk carries only its new text, ids and
+    # output logprobs (reference/engines.md), not the output so far
+    incremental_streaming_output: bool = False
     # output path (SGLang's tokenizer manager, vLLM's API server process): one serial queue per engine; every
     # stream chunk or whole body the engine emits for a generation costs output_chunk_s + bytes / rate there
     # (docs/simulator.md "Output path" for the figures). inf rate and 0 per chunk = free.

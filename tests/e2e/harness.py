@@ -29,7 +29,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -223,12 +223,13 @@ def sglang_version(url: str) -> str:
 
 
 def start_extra_engine(
-    engines: EngineSet, log_dir: Path, name: str, *, port: int | None = None
+    engines: EngineSet, log_dir: Path, name: str, *, port: int | None = None, extra_args: Sequence[str] = ()
 ) -> tuple[ManagedProcess, str]:
     """One more engine of the session's kind, owned by the caller (a test that kills it): a real SGLang
     launched as scripts/e2e_sglang_run.sh launches its engines (keep the two in step), or a one-engine
     simulator. Returns the process (its group holds the whole engine) and the engine's URL once healthy.
-    `port`: a real engine's port (a restart on the one it had), else one the OS gives."""
+    `port`: a real engine's port (a restart on the one it had), else one the OS gives. `extra_args`: more
+    server flags of a real engine (e.g. `--stream-output`)."""
     if engines.backend in ("sim", "sim-sglang"):
         process, one = start_sim(
             log_dir, engines=1, max_num_seqs=engines.max_num_seqs, time_scale=3.0, api=engines.api, name=name
@@ -246,7 +247,7 @@ def start_extra_engine(
         "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--attention-backend", "torch_native",
         "--sampling-backend", "pytorch", "--disable-overlap-schedule", "--dtype", "float32",
         "--context-length", str(engines.max_model_len), "--max-running-requests", str(engines.max_num_seqs),
-        "--max-total-tokens", "65536", "--enable-metrics",
+        "--max-total-tokens", "65536", "--enable-metrics", *extra_args,
     ]  # fmt: skip
     env = {
         "HF_HUB_OFFLINE": "1",

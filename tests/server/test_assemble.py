@@ -348,6 +348,26 @@ def test_generate_incremental_streams_are_concatenated() -> None:
     assert stream_events[0].json()["text"] == "ab"  # the events themselves are left as they were
 
 
+def test_generate_stream_output_ids_alone_are_concatenated() -> None:
+    """SGLang 0.5.9 with `--stream-output` (measured on the real engine): each chunk's `output_ids` are its
+    own, its text and logprobs the whole output so far. The first token's id came in the first chunk only."""
+    hint = AssemblyHint(family=EngineFamily.SGLANG, are_generate_ids_incremental=True)
+    chunks = [
+        orjson.dumps({"text": "er", "output_ids": [1036], "meta_info": {"completion_tokens": 1, "output_token_logprobs": [[-0.1, 1036, None]], "finish_reason": None}}),
+        orjson.dumps({"text": "erthe wop", "output_ids": [1036, 1639], "meta_info": {"completion_tokens": 3, "output_token_logprobs": [[-0.1, 1036, None], [-0.2, 1036, None], [-0.3, 1639, None]], "finish_reason": {"type": "length", "length": 3}}}),
+    ]  # fmt: skip
+    assembler = ResponseAssembler(Route.GENERATE)
+    for event in events(chunks, hint):
+        assembler.add(event)
+        once = orjson.loads(assembler.result())  # read between chunks too, as a continuation does
+    assert once == orjson.loads(assembler.result())
+    assert once["output_ids"] == [1036, 1036, 1639]
+    assert [t[1] for t in once["meta_info"]["output_token_logprobs"]] == once["output_ids"]
+    assert once["text"] == "erthe wop" and once["meta_info"]["completion_tokens"] == 3
+    cumulative = orjson.loads(assemble(Route.GENERATE, events(chunks, SGLANG)))
+    assert cumulative["output_ids"] == [1036, 1639]  # read as cumulative, the first id is lost
+
+
 def test_a_whole_body_event_is_the_answer() -> None:
     whole = UpstreamEvent(data=b'{"id":"x","choices":[]}', is_whole_body=True)
     assert assemble(Route.CHAT, [whole]) == b'{"id":"x","choices":[]}'

@@ -156,6 +156,73 @@ async def test_an_engine_killed_at_token_12000_of_16000_costs_no_token_twice(
     assert response.headers["X-Rolloutgate-Engine"] == cluster.urls[1 - first]
 
 
+async def test_with_incremental_chunks_every_token_a_killed_engines_output_is_made_once(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
+) -> None:
+    """SGLang's `--incremental-streaming-output` makes each chunk carry only its own tokens, so the gateway can
+    read a call's output every token (`--checkpoint-tokens 1`) for bytes in proportion to the output, not its
+    square. A killed engine then loses only what it made and had not sent yet."""
+    cluster = await make_cluster(engines=2, time_scale=SCALE, incremental_streaming_output=True)
+    ledgers = GenerationLedger.attach_fleet(cluster.engines)
+    gateway = await make_gateway(cluster, checkpoint_tokens=1, keepalive_interval=0)
+    prompt = list(range(11, 111))
+    body = {
+        "input_ids": prompt,
+        "sampling_params": {"max_new_tokens": LENGTH, "ignore_eos": True},
+        "return_logprob": True,
+    }
+    call = asyncio.create_task(http.post(f"{gateway.url}/generate", json=body, timeout=120))
+    await wait_for(lambda: any(e.running_count for e in cluster.engines), what="the call running")
+    first = next(i for i, e in enumerate(cluster.engines) if e.running_count)
+    await killed_at(cluster, first, KILL_AT)
+    response = await call
+    assert response.status_code == 200, response.text
+    meta = response.json()["meta_info"]
+    ids = response.json()["output_ids"]
+    assert len(ids) == LENGTH and meta["completion_tokens"] == LENGTH
+    assert [t[1] for t in meta["output_token_logprobs"]] == ids
+    assert meta["prompt_tokens"] == len(prompt)
+    dead_made, carried, rest = split_work(ledgers, first, len(prompt))
+    assert dead_made >= KILL_AT and carried + rest == LENGTH
+    assert carried <= dead_made
+    print(
+        f"\ncontinued from token {carried:,}; the dead engine had made {dead_made:,}: {dead_made - carried} twice"
+    )
+
+
+async def test_a_streaming_client_of_an_incremental_engine_is_continued_from_what_it_was_sent(
+    make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient
+) -> None:
+    """A streaming client's answer so far is every chunk it was sent, added up as the engine streams them:
+    incremental chunks are joined (read as cumulative, the next engine was given the last chunk's tokens
+    alone as the answer so far)."""
+    length, kill_at = 4_000, 2_000
+    cluster = await make_cluster(engines=2, time_scale=SCALE, incremental_streaming_output=True)
+    ledgers = GenerationLedger.attach_fleet(cluster.engines)
+    gateway = await make_gateway(cluster, keepalive_interval=0)
+    prompt = list(range(11, 111))
+    body = {
+        "input_ids": prompt,
+        "sampling_params": {"max_new_tokens": length, "ignore_eos": True},
+        "return_logprob": True,
+        "stream": True,
+    }
+    call = asyncio.create_task(http.post(f"{gateway.url}/generate", json=body, timeout=120))
+    await wait_for(lambda: any(e.running_count for e in cluster.engines), what="the call running")
+    first = next(i for i, e in enumerate(cluster.engines) if e.running_count)
+    await killed_at(cluster, first, kill_at)
+    response = await call
+    assert response.status_code == 200
+    events = [line.removeprefix("data: ") for line in response.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [orjson.loads(e) for e in events[:-1]]
+    ids = [i for chunk in chunks for i in chunk["output_ids"]]
+    logprob_ids = [t[1] for chunk in chunks for t in chunk["meta_info"]["output_token_logprobs"]]
+    assert len(ids) == length and logprob_ids == ids
+    dead_made, carried, rest = split_work(ledgers, first, len(prompt))
+    assert carried + rest == length and kill_at <= carried <= dead_made
+
+
 async def test_a_session_turn_continued_elsewhere_is_recorded_as_one_turn_with_the_answers_ids(
     make_cluster: MakeCluster, make_gateway: MakeGateway, http: httpx.AsyncClient, tmp_path: Path
 ) -> None:

@@ -121,6 +121,35 @@ async def test_generate_streams_cumulative_chunks_every_interval(
     assert "e2e_latency" in chunks[-1]["meta_info"] and "e2e_latency" not in chunks[0]["meta_info"]
 
 
+async def test_incremental_streaming_output_sends_each_chunks_own_tokens(
+    make_cluster: ClusterFactory, session: aiohttp.ClientSession
+) -> None:
+    """`--incremental-streaming-output`: a chunk's text, ids and output logprobs are its own; joined, they are
+    the answer the cumulative engine gives, and the counts stay the whole output's."""
+    body = {
+        "input_ids": [9, 8, 7],
+        "sampling_params": {"max_new_tokens": 10, "stream_interval": 4},
+        "stream": True,
+        "return_logprob": True,
+    }
+    answers = {}
+    for incremental in (False, True):
+        cluster = await make_cluster(time_scale=SCALE, incremental_streaming_output=incremental)
+        info = await (await session.get(cluster.urls[0] + "/server_info")).json()
+        assert info["incremental_streaming_output"] is incremental
+        async with session.post(cluster.urls[0] + "/generate", json=body) as response:
+            answers[incremental] = (await read_sse(response))[:-1]
+    cumulative, incremental_chunks = answers[False], answers[True]
+    assert [len(c["output_ids"]) for c in incremental_chunks] == [1, 3, 4, 2]
+    assert [c["meta_info"]["completion_tokens"] for c in incremental_chunks] == [1, 4, 8, 10]
+    whole = cumulative[-1]
+    assert "".join(c["text"] for c in incremental_chunks) == whole["text"]
+    assert [i for c in incremental_chunks for i in c["output_ids"]] == whole["output_ids"]
+    joined = [lp for c in incremental_chunks for lp in c["meta_info"]["output_token_logprobs"]]
+    assert joined == whole["meta_info"]["output_token_logprobs"]
+    assert incremental_chunks[-1]["meta_info"]["finish_reason"] == whole["meta_info"]["finish_reason"]
+
+
 async def test_generate_batch_returns_a_list(
     make_cluster: ClusterFactory, session: aiohttp.ClientSession
 ) -> None:

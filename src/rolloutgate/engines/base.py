@@ -119,11 +119,14 @@ class AssemblyHint:
     """What server/assemble.py needs to know, beyond the events, to build a non-streaming answer exactly as
     the engine would have: its family (the answer's field set differs), SGLang's weight version (its chat and
     completions answers carry `metadata.weight_version`, its stream chunks do not), and whether SGLang's
-    `/generate` stream is incremental (`--incremental-streaming-output`) instead of cumulative."""
+    `/generate` stream is incremental (`--incremental-streaming-output`: each chunk's own text, ids and
+    output logprobs) or incremental in its ids alone (0.5.x's `--stream-output`: text and logprobs stay
+    cumulative) instead of cumulative."""
 
     family: EngineFamily
     weight_version: str | None = None
     is_incremental_generate: bool = False
+    are_generate_ids_incremental: bool = False  # `--stream-output`; never with `is_incremental_generate`
 
 
 @dataclass(slots=True)

@@ -187,10 +187,12 @@ class SglangClient(EngineAdapter):
         weight_version = info.get("weight_version")
         if not isinstance(weight_version, str):
             weight_version = None
+        incremental = bool(info.get("incremental_streaming_output"))
         self._hint = AssemblyHint(
             family=EngineFamily.SGLANG,
             weight_version=weight_version,
-            is_incremental_generate=bool(info.get("incremental_streaming_output")),
+            is_incremental_generate=incremental,
+            are_generate_ids_incremental=not incremental and bool(info.get("stream_output")),
         )
         chunk = info.get("chunked_prefill_size")
         return EngineInfo(

@@ -14,7 +14,8 @@ fields, in the same order, serialized compactly as SGLang (orjson) and vLLM (com
 - SGLang `/generate`: chunks are cumulative, so the last chunk of each choice is the answer; only that one
   is kept, and a single-choice answer is returned as the engine's own bytes, unparsed. Batch and n>1 streams
   (chunks carry `index`) become a list ordered by index, without `index`, as the engine answers them. With
-  `--incremental-streaming-output` (hint) text, ids and `meta_info.output_*` lists are concatenated.
+  `--incremental-streaming-output` (hint) text, ids and `meta_info.output_*` lists are concatenated; with
+  0.5.x's `--stream-output` (hint) the ids alone are, into the last chunk.
 - A whole-body event (the engine could not stream the request) is the answer as it is.
 - A `/generate` aborted while it waited in the gateway's own queue never met an engine: `aborted_in_queue`
   writes what SGLang answers for one aborted in its waiting queue.
@@ -114,7 +115,7 @@ class ResponseAssembler:
     """Accumulates one generation's events; `result()` renders the answer. The hint defaults to the one the
     adapter put on the events, else a generic OpenAI shape."""
 
-    __slots__ = ("_choices", "_events", "_hint", "_route", "_top", "_whole_body")
+    __slots__ = ("_choices", "_events", "_hint", "_ids", "_route", "_texts", "_top", "_whole_body")
 
     def __init__(self, route: Route, *, hint: AssemblyHint | None = None) -> None:
         self._route = route
@@ -122,6 +123,8 @@ class ResponseAssembler:
         self._whole_body: bytes | None = None
         self._top: dict[str, Any] = {}
         self._choices: dict[Any, Any] = {}  # by choice index; /generate: the last chunk (or merge)
+        self._texts: dict[Any, list[str]] = {}  # incremental /generate: each choice's text pieces
+        self._ids: dict[Any, list[int]] = {}  # /generate under `--stream-output`: each choice's ids so far
         self._events = 0
 
     def add(self, event: UpstreamEvent) -> None:
@@ -150,25 +153,42 @@ class ResponseAssembler:
 
     def _add_generate(self, event: UpstreamEvent) -> None:
         index = index_of(event.data)
-        if self._hint is None or not self._hint.is_incremental_generate:
-            self._choices[index] = event.data  # cumulative: the last chunk holds everything
+        hint = self._hint
+        if hint is None or not hint.is_incremental_generate:
+            self._choices[index] = event.data  # cumulative: the last chunk holds everything...
+            if hint is not None and hint.are_generate_ids_incremental:  # ...but its ids (`--stream-output`)
+                self._ids.setdefault(index, []).extend(event.json().get("output_ids") or ())
             return
+        # Each chunk's own text, ids and output lists are appended in place (a chunk a token at
+        # `--checkpoint-tokens 1`: building new lists or strings per chunk grew with the square of the length);
+        # the text's pieces are joined when the answer is rendered.
         chunk = event.json()
         merged = self._choices.get(index)
-        if merged is None:  # a copy: the event's parsed JSON is not ours to change
-            self._choices[index] = {**chunk, "meta_info": dict(chunk.get("meta_info") or {})}
-            return
-        merged["text"] = (merged.get("text") or "") + (chunk.get("text") or "")
-        merged["output_ids"] = (merged.get("output_ids") or []) + (chunk.get("output_ids") or [])
-        meta, new_meta = merged.get("meta_info") or {}, chunk.get("meta_info") or {}
-        for key, value in new_meta.items():
-            if key.startswith("output_") and isinstance(value, list):
-                meta[key] = (meta.get(key) or []) + value
-            else:
-                meta[key] = value
-        merged["meta_info"] = meta
+        if merged is None:  # copies: the event's parsed JSON is not ours to change
+            meta = dict(chunk.get("meta_info") or {})
+            for key, value in meta.items():
+                if key.startswith("output_") and isinstance(value, list):
+                    meta[key] = list(value)
+            merged = self._choices[index] = {**chunk, "output_ids": [], "meta_info": meta}
+            self._texts[index] = []
+        else:
+            meta = merged["meta_info"]
+            for key, value in (chunk.get("meta_info") or {}).items():
+                if key.startswith("output_") and isinstance(value, list):
+                    meta.setdefault(key, []).extend(value)
+                else:
+                    meta[key] = value
+        merged["output_ids"].extend(chunk.get("output_ids") or ())
+        self._texts[index].append(chunk.get("text") or "")
 
     def _generate_result(self, hint: AssemblyHint) -> bytes:
+        for index, pieces in self._texts.items():  # incremental chunks: the text so far, whole
+            self._choices[index]["text"] = "".join(pieces)
+        for index, ids in self._ids.items():  # `--stream-output`: the last chunk with every chunk's ids
+            last = self._choices[index]
+            self._choices[index] = (
+                {**orjson.loads(last), "output_ids": ids} if isinstance(last, bytes) else last
+            )
         if list(self._choices) == [None]:
             only = self._choices[None]
             return only if isinstance(only, bytes) else orjson.dumps(only)

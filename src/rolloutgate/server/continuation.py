@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from rolloutgate.engines.base import Route, UpstreamEvent
+from rolloutgate.engines.base import AssemblyHint, Route, UpstreamEvent
 from rolloutgate.server.assemble import ResponseAssembler
 from rolloutgate.server.prompt_ids import compact_json, token_ids_of
 
@@ -72,9 +72,10 @@ def can_continue_whole(route: Route, body: dict[str, Any]) -> bool:
     return isinstance(body.get("text"), str)
 
 
-def answer_of_stream(route: Route, history: list[bytes]) -> Any:
-    """The answer so far of the events a streaming client was sent."""
-    assembler = ResponseAssembler(route)
+def answer_of_stream(route: Route, history: list[bytes], shape: AssemblyHint | None = None) -> Any:
+    """The answer so far of the events a streaming client was sent; `shape`: how they add up (None:
+    SGLang's cumulative chunks, or OpenAI deltas)."""
+    assembler = ResponseAssembler(route, hint=shape)
     for data in history:
         assembler.add(UpstreamEvent(data=data))
     return orjson.loads(assembler.result())

@@ -324,7 +324,11 @@ class Driver:
         such output or a non-streaming call cannot be continued. Raises CannotContinue (and the parse errors)
         for a stream that cannot: its client already read part of it."""
         if exchange.client_streams:
-            answer = answer_of_stream(exchange.route, exchange.history or [])
+            shape = exchange.stream_shape
+            if shape is not None and shape.are_generate_ids_incremental:
+                # its chunks' text and logprobs are cumulative, their ids not: no stitcher writes both
+                raise CannotContinue("the engine streams with --stream-output")
+            answer = answer_of_stream(exchange.route, exchange.history or [], shape)
             body, exchange.stitcher = continuation_body(
                 exchange.route, exchange.body, answer, exchange.delivered_tokens
             )
@@ -665,8 +669,9 @@ class _AttemptSink:
         for event in events:
             if event.is_gateway_only:
                 continue  # e.g. the usage frame the gateway asked for and the client did not
-            if event.assembly is not None and event.assembly.is_incremental_generate:
-                exchange.cumulative = False
+            shape = event.assembly
+            if shape is not None and (shape.is_incremental_generate or shape.are_generate_ids_incremental):
+                exchange.cumulative, exchange.stream_shape = False, shape
             # an incremental chunk carries only its own output: the client has the earlier part already
             data = event.data if stitcher is None or not exchange.cumulative else stitcher.stitch(event.data)
             if watch_aborts and not holding and event.finish_reason == "abort":

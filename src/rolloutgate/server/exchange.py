@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rolloutgate.core.timing import TimingBreakdown
-from rolloutgate.engines.base import Route, UpstreamError, UpstreamHandle
+from rolloutgate.engines.base import AssemblyHint, Route, UpstreamError, UpstreamHandle
 from rolloutgate.engines.progress import has_index, index_of
 from rolloutgate.errors import GatewayError, Unavailable
 from rolloutgate.server.assemble import ResponseAssembler
@@ -158,6 +158,7 @@ class Exchange:
     history: list[bytes] | None = None  # published stream events (streaming clients): replay and continuation
     stitcher: GenerateStitcher | None = None  # a continued /generate stream's chunk rewriter
     cumulative: bool = True  # /generate chunks repeat all earlier output (SGLang's default streaming mode)
+    stream_shape: AssemblyHint | None = None  # how the engine's chunks add up (from its events): continuation
     committed: bool = False  # a client already received a 200 (keep-alive): errors must be framed in-body
     # upstream state, owned by the driver
     attempt: int = 0
