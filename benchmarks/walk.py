@@ -1,12 +1,15 @@
 """How far one request walks through the gateway's code (docs/DESIGN.md, "Three walks").
 
 Starts a simulated SGLang engine and a gateway in this process, sends each walk once to warm up, then again
-under a profile hook that records every call into a rolloutgate function (the simulator is the sibling package rolloutsim): the distinct
-functions ("stays"), the files they live in ("rooms") and the calls made. The package's compiled modules are
-bypassed (their calls are invisible to a profile hook), so the interpreted code is what is counted.
+under a profile hook that records every call into a rolloutgate function (the simulator is the sibling package
+rolloutsim): the distinct functions ("stays"), the files they live in ("rooms") and the calls made. The package's
+compiled modules are bypassed (their calls are invisible to a profile hook), so the interpreted code is what is
+counted. What the engines' health loops and the engine-level progress watch call meanwhile is left out
+(`BACKGROUND`): they run per engine on their own schedule, so their share of a walk was a matter of timing.
 
     .venv/bin/python -m benchmarks.walk            # the walks: a whole /generate, a session turn
     .venv/bin/python -m benchmarks.walk --list     # and each walk's functions, in first-call order
+    PYTHONPATH=<old checkout>/src .venv/bin/python -m benchmarks.walk   # an older commit's walks
 """
 
 from __future__ import annotations
@@ -46,10 +49,26 @@ import httpx  # noqa: E402
 import rolloutgate  # noqa: E402
 from rolloutgate.config import EngineSpec, GatewaySettings  # noqa: E402
 from rolloutgate.server.app import GatewayServer  # noqa: E402
-from rolloutsim import SimCluster  # noqa: E402
+
+try:
+    from rolloutsim import SimCluster
+except ImportError:  # a checkout from before the simulator left the package (`PYTHONPATH=<old>/src`)
+    from rolloutgate.sim import SimCluster  # type: ignore[import-not-found,no-redef]
 
 assert rolloutgate.__file__ is not None
 PACKAGE = Path(rolloutgate.__file__).parent
+NOT_THE_GATEWAY = (PACKAGE / "sim", PACKAGE / "bench")  # where an old checkout kept the simulator, benchmarks
+# The engines' health loops and the engine-level progress watch run on their own schedule, per engine, whatever
+# the calls: what they call while a walk is recorded is not the request's walk.
+BACKGROUND = frozenset({"EngineHealth.loop", "EnginePool._health_loop", "EngineWatcher._poll"})
+
+
+def _in_background(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_code.co_qualname in BACKGROUND:
+            return True
+        frame = frame.f_back
+    return False
 
 
 class Walk:
@@ -62,9 +81,9 @@ class Walk:
         if event != "call":
             return
         path = Path(frame.f_code.co_filename)
-        if (
-            PACKAGE not in path.parents
-        ):  # the simulator (rolloutsim, beside it) is the engine, not the gateway
+        if PACKAGE not in path.parents or any(part in path.parents for part in NOT_THE_GATEWAY):
+            return  # the simulator (rolloutsim, beside it) is the engine, not the gateway
+        if _in_background(frame):
             return
         key = (str(path.relative_to(PACKAGE.parent)), frame.f_code.co_qualname)
         self.calls[key] = self.calls.get(key, 0) + 1
