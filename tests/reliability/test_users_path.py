@@ -67,16 +67,23 @@ async def test_an_8k_token_logprob_generate_costs_the_engine_what_the_direct_cal
     body = generate_body(prompt_tokens=2_000, new_tokens=8_192)
     async with httpx.AsyncClient() as http:
         figures: dict[str, dict[str, float]] = {}
-        for name, url in (("direct", sim.urls[0]), ("gateway", gateway.url)):
-            output_before = await engine_output(http, sim.urls[0])
-            cpu_before = cpu_s(sim.pid)
-            response = await _post(http, f"{url}/generate", body)
-            cpu = cpu_s(sim.pid) - cpu_before
-            output = {k: v - output_before[k] for k, v in (await engine_output(http, sim.urls[0])).items()}
-            assert response.status_code == 200, response.text
-            answer = response.json()
-            assert len(answer["meta_info"]["output_token_logprobs"]) == 8_192, name
-            figures[name] = {"cpu_s": cpu, **output}
+        # Each path twice, in turns, its lower CPU kept: a busy machine only adds to a reading (a loaded CI run
+        # read 0.27 s through the gateway against 0.18 s direct once; alone it passes with room to spare).
+        for _round in range(2):
+            for name, url in (("direct", sim.urls[0]), ("gateway", gateway.url)):
+                output_before = await engine_output(http, sim.urls[0])
+                cpu_before = cpu_s(sim.pid)
+                response = await _post(http, f"{url}/generate", body)
+                cpu = cpu_s(sim.pid) - cpu_before
+                output = {
+                    k: v - output_before[k] for k, v in (await engine_output(http, sim.urls[0])).items()
+                }
+                assert response.status_code == 200, response.text
+                answer = response.json()
+                assert len(answer["meta_info"]["output_token_logprobs"]) == 8_192, name
+                if name in figures:
+                    cpu = min(cpu, figures[name]["cpu_s"])
+                figures[name] = {"cpu_s": cpu, **output}
         quarantined = await quarantines(http, gateway.url)
     direct, through = figures["direct"], figures["gateway"]
     add_figure("logprob_8k_generate_engine_work", {"direct": direct, "through_gateway": through})
