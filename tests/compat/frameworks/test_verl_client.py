@@ -170,7 +170,8 @@ async def test_a_verl_step_through_the_rolloutgate_router_completes_on_simulated
     After the step verl's count of calls in flight is zero, and `clear_sticky_cache` releases the eight
     sessions at the gateway."""
     cluster = await make_cluster(engines=2, api=family, time_scale=SCALE)
-    gateway = await make_gateway(None, time_scale=SCALE)
+    # verl's own balancer's policy (docs/frameworks/verl.md): a trajectory's turns on one engine
+    gateway = await make_gateway(None, time_scale=SCALE, placement="sticky_least_loaded")
     servers = {url.removeprefix("http://"): None for url in cluster.urls}
     actor = RouterActor(servers, router_yaml(gateway.url, family))
     await actor.start()

@@ -111,7 +111,8 @@ async def test_verl_own_router_and_clients_complete_a_step_through_rolloutgate(
     from verl.workers.rollout.router import get_router_handle
 
     cluster = await make_cluster(engines=2, api=family, time_scale=SCALE)
-    gateway = await make_gateway(None, time_scale=SCALE)
+    # verl's own balancer's policy (docs/frameworks/verl.md): a trajectory's turns on one engine
+    gateway = await make_gateway(None, time_scale=SCALE, placement="sticky_least_loaded")
     servers = {url.removeprefix("http://"): None for url in cluster.urls}
     handle = get_router_handle(
         servers, router_config_path=write_router_yaml(tmp_path / "r.yaml", gateway.url, family)
