@@ -671,9 +671,10 @@ class _AttemptSink:
                 continue  # e.g. the usage frame the gateway asked for and the client did not
             shape = event.assembly
             if shape is not None and (shape.is_incremental_generate or shape.are_generate_ids_incremental):
-                exchange.cumulative, exchange.stream_shape = False, shape
+                exchange.stream_shape = shape
             # an incremental chunk carries only its own output: the client has the earlier part already
-            data = event.data if stitcher is None or not exchange.cumulative else stitcher.stitch(event.data)
+            cumulative = exchange.stream_shape is None
+            data = event.data if stitcher is None or not cumulative else stitcher.stitch(event.data)
             if watch_aborts and not holding and event.finish_reason == "abort":
                 holding, exchange.engine_abort_attempt, exchange.held = True, attempt, []
             if holding:

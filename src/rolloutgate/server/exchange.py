@@ -157,8 +157,9 @@ class Exchange:
     max_buffered_bytes: int = DEFAULT_CLIENT_BUFFER_BYTES  # a subscriber further behind is cut off
     history: list[bytes] | None = None  # published stream events (streaming clients): replay and continuation
     stitcher: GenerateStitcher | None = None  # a continued /generate stream's chunk rewriter
-    cumulative: bool = True  # /generate chunks repeat all earlier output (SGLang's default streaming mode)
-    stream_shape: AssemblyHint | None = None  # how the engine's chunks add up (from its events): continuation
+    # how the engine's /generate chunks add up, once one said they are not cumulative (SGLang's default
+    # streaming mode, where each repeats all earlier output): incremental, or incremental in their ids alone
+    stream_shape: AssemblyHint | None = None
     committed: bool = False  # a client already received a 200 (keep-alive): errors must be framed in-body
     # upstream state, owned by the driver
     attempt: int = 0
@@ -232,7 +233,7 @@ class Exchange:
         read: it may pass its limit by one read's worth first."""
         if self.ended:
             return
-        is_cumulative = self.route is Route.GENERATE and self.cumulative
+        is_cumulative = self.route is Route.GENERATE and self.stream_shape is None
         history = self.history
         if history is not None:
             if is_cumulative:
