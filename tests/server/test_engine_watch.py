@@ -95,23 +95,48 @@ def engine_level(request_id: str, attempt: int = 1) -> ProgressReported:
 
 @pytest.mark.looptime
 async def test_readings_come_fast_until_the_rate_is_known_then_one_per_poll_while_watched() -> None:
-    """The baseline at once (the next reading's tokens count from the call's start); then every poll / 6
-    until a whole interval of decoding (one that began with the engine decoding) gave the rate; then one per
-    poll, each with tokens reported as engine-level progress; none once the call ended."""
+    """The baseline a fast interval (poll / 6) after the call came; then every poll / 6 until a whole interval
+    of decoding (one that began with the engine decoding) gave the rate; then one per poll, each with tokens
+    reported as engine-level progress; none once the call ended."""
     emitted: list[tuple[float, Event]] = []
     loop = asyncio.get_running_loop()
     watcher = EngineWatcher(lambda e: emitted.append((loop.time(), e)), loop.time, poll_s=2.0)
     engine = DecodingEngine(rate=60.0)
     watcher.add("e1", engine, "a", 1, 100_000)  # type: ignore[arg-type]
-    await asyncio.sleep(5.0)
+    await asyncio.sleep(5.5)
     fast = 2.0 / FIRST_READINGS_SPEEDUP
-    assert engine.read_at == pytest.approx([0.0, fast, 2 * fast, 2 * fast + 2.0, 2 * fast + 4.0], abs=1e-5)
+    assert engine.read_at == pytest.approx(
+        [fast, 2 * fast, 3 * fast, 3 * fast + 2.0, 3 * fast + 4.0], abs=1e-5
+    )
     assert [(t - engine.start, e) for t, e in emitted] == [
         (pytest.approx(t, abs=1e-5), engine_level("a")) for t in engine.read_at[1:]
     ]
     watcher.remove("a")
     await asyncio.sleep(4.0)
     assert len(engine.read_at) == 5  # the reading before the call ended was the last
+    await watcher.close()
+
+
+@pytest.mark.looptime
+async def test_calls_answered_within_the_first_fast_interval_cost_the_engine_no_reading() -> None:
+    """One client's short calls in turn: each starts the engine's watch and ends before its baseline is due,
+    so the engine's /metrics is never read (it was read once per call when the baseline came at once)."""
+    emitted: list[Any] = []
+    loop = asyncio.get_running_loop()
+    watcher = EngineWatcher(emitted.append, loop.time, poll_s=3.0)
+    engine = DecodingEngine(rate=60.0)
+    fast = 3.0 / FIRST_READINGS_SPEEDUP
+    for i in range(20):
+        watcher.add("e1", engine, f"call-{i}", 1, 16)  # type: ignore[arg-type]
+        await asyncio.sleep(fast * 0.9)
+        watcher.remove(f"call-{i}")
+        await asyncio.sleep(fast * 0.2)  # the watch's task sees no call left and ends
+    assert engine.read_at == []
+    assert emitted == []
+    watcher.add("e1", engine, "long", 1, 100_000)  # type: ignore[arg-type]
+    await asyncio.sleep(fast * 2.5)
+    assert len(engine.read_at) == 2  # a longer call is watched as before: its baseline, then its first tokens
+    assert emitted == [engine_level("long")]
     await watcher.close()
 
 
@@ -129,9 +154,9 @@ async def test_a_failed_reading_is_no_progress_and_the_next_one_counts_from_the_
         ]
     )
     watcher.add("e1", engine, "a", 3, None)  # type: ignore[arg-type]
-    await asyncio.sleep(0.25)
+    await asyncio.sleep(0.35)  # readings at 0.1 (the baseline), 0.2 and 0.3 (failed)
     assert emitted == []
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # at 0.4: 5 tokens since the baseline
     assert emitted == [engine_level("a", attempt=3)]
     await watcher.close()
 
@@ -146,7 +171,7 @@ async def test_each_engine_is_polled_once_however_many_calls_it_holds() -> None:
     for rid in ("a", "b", "c"):
         watcher.add("e1", e1, rid, 1, None)  # type: ignore[arg-type]
     watcher.add("e2", e2, "d", 1, None)  # type: ignore[arg-type]
-    await asyncio.sleep(0.15)
+    await asyncio.sleep(0.25)  # readings at 0.1 (the baselines) and 0.2
     assert len(e1.read_at) == len(e2.read_at) == 2
     assert sorted(e.request_id for e in emitted) == ["a", "b", "c"]  # e2 generated nothing
     await watcher.close()
@@ -171,12 +196,16 @@ async def test_a_pause_read_at_once_places_the_cut_short_intervals_tokens_at_its
 
 @pytest.mark.looptime
 async def test_before_a_whole_interval_the_engines_own_rate_places_the_tokens() -> None:
-    """Paused 0.2 s into the call, before a whole interval of decoding could give a rate: SGLang's
-    `gen_throughput` (its last decode log's rate, kept while paused) places the cut-short interval's tokens."""
+    """Paused 0.5 s into the call, after the baseline (0.33 s) and before a whole interval of decoding could
+    give a rate: SGLang's `gen_throughput` (its last decode log's rate, kept while paused) places the cut-short
+    interval's tokens. Paused before the baseline, the counter cannot say when the last token came (None: the
+    core counts the pause from the call's own last progress, its first token at the latest)."""
     loop = asyncio.get_running_loop()
-    watcher = EngineWatcher(lambda _e: None, loop.time, poll_s=2.0)
-    engine = DecodingEngine(rate=100.0, pause_at=0.2, reports_rate=True)
-    watcher.add("e1", engine, "a", 1, 10_000)  # type: ignore[arg-type]
-    await asyncio.sleep(1.0)
-    assert await watcher.output_at("e1") == pytest.approx(engine.start + 0.2)
-    await watcher.close()
+    for pause_at, last_token_at in ((0.5, 0.5), (0.2, None)):
+        watcher = EngineWatcher(lambda _e: None, loop.time, poll_s=2.0)
+        engine = DecodingEngine(rate=100.0, pause_at=pause_at, reports_rate=True)
+        watcher.add("e1", engine, "a", 1, 10_000)  # type: ignore[arg-type]
+        await asyncio.sleep(1.0)
+        expected = None if last_token_at is None else pytest.approx(engine.start + last_token_at)
+        assert await watcher.output_at("e1") == expected
+        await watcher.close()

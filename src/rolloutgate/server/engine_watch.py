@@ -2,11 +2,13 @@
 
 Theory of operation: while an engine has watched calls in flight (a non-streaming client's, whose answer
 comes as one body, or SGLang `/generate`'s first token and end), one task per engine reads the engine's load
-every `poll_s` real seconds (`EngineClient.load()`: SGLang's generated-token counter in `/metrics`, else
-`/v1/loads`; vLLM's `/metrics`) and hands the core tracker the tokens generated since the last reading; the
-progress events it returns go to the driver. A reading that fails, or shows nothing new, is no progress: the
-core's liveness judges the silence. The poll interval bounds how much later than per-token watching a frozen
-engine is caught (settings.engine_poll_interval, a twentieth of the stall timeout by default).
+every `poll_s` real seconds, the first reading a sixth of that after the first such call (so calls answered
+sooner cost the engine no reading), with `EngineClient.load()` (SGLang's generated-token counter in
+`/metrics`, else `/v1/loads`; vLLM's `/metrics`), and hands the core tracker the tokens generated since the
+last reading; the progress events it returns go to the driver. A reading that fails, or shows nothing new,
+is no progress: the core's liveness judges the silence. The poll interval bounds how much later than
+per-token watching a frozen engine is caught (settings.engine_poll_interval, a twentieth of the stall timeout
+by default).
 """
 
 from __future__ import annotations
@@ -125,15 +127,16 @@ class EngineWatcher:
 
     async def _poll(self, engine_id: str, client: EngineClient) -> None:
         readings = self._readings[engine_id]
-        first = True
         try:
-            while self.watch.is_watching(engine_id):
-                if not first:  # the first reading at once: the next one's tokens count from the start
-                    known = readings.rate > 0
-                    await asyncio.sleep(self._poll_s if known else self._poll_s / FIRST_READINGS_SPEEDUP)
-                    if not self.watch.is_watching(engine_id):
-                        break  # its calls ended while it slept: no reading for nobody
-                first = False
+            while True:
+                # The first reading, the baseline, comes a fast interval after the engine's first watched call,
+                # not at once: a call answered sooner costs the engine no reading (one client's calls in turn
+                # each cost a /metrics read, a tenth of the gateway's CPU per call, when it came at once). The
+                # first token and the end of each call come on its own stream anyway.
+                known = readings.rate > 0
+                await asyncio.sleep(self._poll_s if known else self._poll_s / FIRST_READINGS_SPEEDUP)
+                if not self.watch.is_watching(engine_id):
+                    break  # its calls ended while it slept: no reading for nobody
                 await self._read(engine_id, client, readings)
         finally:
             self._tasks.pop(engine_id, None)
