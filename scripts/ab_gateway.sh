@@ -3,8 +3,9 @@
 # simulated engine, in the same minutes. Prints req/s, p50 and the gateway's CPU per request for each run and
 # the medians; the CPU per request is the measure the machine's other load moves least.
 #
-#   scripts/ab_gateway.sh <base> [plain|stream] [connections] [seconds] [rounds]
+#   scripts/ab_gateway.sh <base> [plain|stream] [connections] [seconds] [rounds] [prompt ids]
 #   scripts/ab_gateway.sh HEAD~3 stream 1 4 4
+#   scripts/ab_gateway.sh HEAD~1 plain 4 4 3 60000    # miles' prompt size: 60K ids below Qwen's vocabulary
 #
 # Pinning as in `make bench`: each gateway alone on CPU 0, the engine (the simulator's `fast` profile) and
 # wrk on CPU 1. Each side runs its compiled modules: the base is built in its worktree (setup.py build_ext
@@ -12,11 +13,12 @@
 # Servers bind to 127.0.0.1.
 set -euo pipefail
 
-base=${1:?usage: scripts/ab_gateway.sh <base-commit> [plain|stream] [connections] [seconds] [rounds]}
+base=${1:?usage: scripts/ab_gateway.sh <base-commit> [plain|stream] [connections] [seconds] [rounds] [prompt ids]}
 mode=${2:-plain}
 conns=${3:-32}
 secs=${4:-4}
 rounds=${5:-3}
+prompt_ids=${6:-16}
 root=$(cd "$(dirname "$0")/.." && pwd)
 python=$root/.venv/bin/python
 work=$(mktemp -d)
@@ -32,7 +34,9 @@ fi
 
 stream=false
 [ "$mode" = stream ] && stream=true
-body="{\"input_ids\":[11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26],\"sampling_params\":{\"max_new_tokens\":16},\"stream\":$stream}"
+ids=$("$python" -c "import random; random.seed(0); print(','.join(str(random.randrange(11, 151936)) for _ in range($prompt_ids)))")
+[ "$prompt_ids" = 16 ] && ids=11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26
+body="{\"input_ids\":[$ids],\"sampling_params\":{\"max_new_tokens\":16},\"stream\":$stream}"
 printf 'wrk.method="POST"\nwrk.headers["Content-Type"]="application/json"\nwrk.body=[==[%s]==]\n' "$body" >"$work/post.lua"
 
 taskset -c 1 "$python" -m rolloutgate sim --api sglang --profile fast --engines 1 --base-port 0 >"$work/sim.out" 2>&1 &
