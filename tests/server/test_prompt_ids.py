@@ -11,15 +11,13 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from rolloutgate.config import GatewaySettings
 from rolloutgate.engines.base import Route
 from rolloutgate.engines.upstream import UpstreamPool
 from rolloutgate.errors import BadRequest
 from rolloutgate.server.continuation import answer_of_stream, continuation_body
-from rolloutgate.server.prompt_ids import FIELD_WISE_FROM, compact_json, flat_id_count, token_ids_of
+from rolloutgate.server.prompt_ids import FIELD_WISE_FROM, compact_json, token_ids_of
 from rolloutgate.server.validate import estimate_prompt_tokens, parse_inference_body, validate_body
 from tests.server.conftest import MakeCluster, MakeGateway
 
@@ -109,32 +107,6 @@ def test_a_large_body_with_both_prompts_or_empty_ids_is_refused_by_name() -> Non
         parse(Route.GENERATE, {"input_ids": ids, "text": "hi"})
     with pytest.raises(BadRequest, match="'input_ids' must be a non-empty array"):
         parse(Route.GENERATE, {"input_ids": [], "pad": "x" * 5000})
-
-
-json_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**40), 2**40)
-    | st.floats(allow_nan=False)
-    | st.text(max_size=4),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
-    max_leaves=12,
-)
-
-
-@given(value=json_values, indent=st.sampled_from([None, 1]))
-def test_flat_id_count_counts_exactly_the_flat_arrays_of_non_negative_integers(
-    value: Any, indent: int | None
-) -> None:
-    span = json.dumps(value, indent=indent).encode()
-    is_ids = type(value) is list and bool(value) and all(type(v) is int and v >= 0 for v in value)
-    assert flat_id_count(span) == (len(value) if is_ids else None)
-
-
-@given(ids=st.lists(st.integers(0, 2**31), min_size=1, max_size=50))
-def test_flat_id_count_of_any_id_array(ids: list[int]) -> None:
-    assert flat_id_count(orjson.dumps(ids)) == len(ids)
-    assert flat_id_count(json.dumps(ids, indent=3).encode()) == len(ids)
 
 
 def test_compact_json_is_the_json_at_its_size() -> None:

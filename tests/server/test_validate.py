@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from rolloutgate.config import GatewaySettings
 from rolloutgate.engines.base import Route
 from rolloutgate.errors import BadRequest
-from rolloutgate.server.prompt_ids import flat_id_count
+from rolloutgate.server.id_scan import scan_flat_ids
 from rolloutgate.server.validate import validate_body
 
 SETTINGS = GatewaySettings(max_tokens_limit=1000)
@@ -243,7 +243,7 @@ def test_texts_are_not_ids() -> None:
 def test_an_unknown_vocabulary_still_refuses_what_no_vocabulary_holds() -> None:
     assert _refusal(Route.GENERATE, {"input_ids": [10**12]}, vocab_size=None) is None
     assert _refusal(Route.GENERATE, {"input_ids": _kept([10**12])}, vocab_size=None) is None
-    # a flat array is kept only once flat_id_count saw non-negative integers: a batch is kept unchecked
+    # a flat array is kept only once its scan saw non-negative integers (id_scan): a batch is kept unchecked
     for bad, value in (([-1], [-1]), ([1.5], [1.5]), ([[1], [-2]], _kept([[1], [-2]]))):
         refusal = _refusal(Route.GENERATE, {"input_ids": value}, vocab_size=None)
         assert refusal is not None and refusal[1] == "invalid_token_id", (bad, refusal)
@@ -276,5 +276,5 @@ def test_kept_and_parsed_prompts_get_the_same_verdict_as_the_plain_rule(
     fits = all(plain_rule(p) for p in ids) if is_batch else plain_rule(ids)
     parsed = _refusal(Route.GENERATE, {"input_ids": ids}, vocab_size)
     assert (parsed is None) == fits, (ids, parsed)
-    if is_batch or vocab_size is not None or flat_id_count(json.dumps(ids).encode()) is not None:
+    if is_batch or vocab_size is not None or scan_flat_ids(json.dumps(ids).encode(), None) > 0:
         assert _refusal(Route.GENERATE, {"input_ids": _kept(ids)}, vocab_size) == parsed

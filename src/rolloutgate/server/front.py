@@ -308,8 +308,9 @@ async def _read_request(
     generation, and a 100K-token prompt is ~650 KB of JSON. Its body stays (retries need it)."""
     ctx.metrics.child(ctx.metrics.requests, route.value).inc()
     raw = await read_body(request, ctx.settings.max_body_bytes)
-    body, prompt_ids = parse_inference_body(raw, route, ctx.settings)
-    validate_body(route, body, ctx.settings, vocab_size=ctx.pool.vocab_size)
+    vocab_size = ctx.pool.vocab_size  # one for both: the parse checks the ids it keeps, validation the rest
+    body, prompt_ids = parse_inference_body(raw, route, ctx.settings, vocab_size=vocab_size)
+    validate_body(route, body, ctx.settings, vocab_size=vocab_size, kept_checked=True)
     prompt_tokens = estimate_prompt_tokens(route, body) if prompt_ids is None else prompt_ids
     max_seq_len = token_budget.header_budget(request.headers)
     decision = None

@@ -7,9 +7,9 @@ their bytes. Parsed, each id is an 8-byte list slot and a 28-byte int, ~5.6x its
 
 So a large inference body is parsed field by field: msgspec validates the whole document and hands each
 top-level value back as its raw JSON span, without building it. The prompt's span is kept, as an
-`orjson.Fragment` that every engine adapter's `orjson.dumps` writes back verbatim, once two byte-level passes
-show it is a flat array of non-negative integers and count them; every other field is parsed with orjson as
-before. Measured on a 66K-id body (0.41 MB): 4.8 ms for `orjson.loads` and a compact re-dump, 1.0 ms this way.
+`orjson.Fragment` that every engine adapter's `orjson.dumps` writes back verbatim, once one compiled pass over
+its bytes shows it is a flat array of non-negative integers below the engines' vocabulary and counts them
+(server/id_scan.py); every other field is parsed with orjson as before. Measured on a 66K-id body (0.41 MB): 4.8 ms for `orjson.loads` and a compact re-dump, 1.0 ms this way.
 Below `FIELD_WISE_FROM` bytes one `orjson.loads` is cheaper (2.4 against 5.7 us on a 16-id body) and the
 ids are few, so small bodies are parsed whole and keep their ids as a list.
 
@@ -25,12 +25,12 @@ import orjson
 
 from rolloutgate.engines.base import Route
 from rolloutgate.errors import BadRequest
+from rolloutgate.server.id_scan import OUT_OF_VOCABULARY, parse_exact, scan_flat_ids
 
 __all__ = (
     "FIELD_WISE_FROM",
     "IDS_FIELD",
     "compact_json",
-    "flat_id_count",
     "parse_fields",
     "token_ids_of",
 )
@@ -44,26 +44,15 @@ IDS_FIELD = {
 }  # where a route's prompt ids go
 
 _TOP_LEVEL = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_DIGITS_AND_SPACE = b"0123456789 \t\r\n"
-_SPACE = b" \t\r\n"
 
 
-def flat_id_count(span: bytes) -> int | None:
-    """How many ids a valid JSON value `span` holds when it is a non-empty flat array of non-negative
-    integers; else None. Without its digits and whitespace such an array is `[`, one comma fewer than its
-    elements, `]`: any other character (a sign, a point, an exponent, a quote, a nested bracket) leaves more."""
-    shape = span.translate(None, _DIGITS_AND_SPACE)
-    if len(shape) < 2 or shape[0] != 0x5B or shape[-1] != 0x5D or shape[1:-1].strip(b","):
-        return None
-    if len(shape) == 2 and span.translate(None, _SPACE) == b"[]":
-        return None  # empty: left to validation, which refuses it by name
-    return len(shape) - 1
-
-
-def parse_fields(raw: bytes, route: Route) -> tuple[dict[str, Any], int | None]:
+def parse_fields(
+    raw: bytes, route: Route, vocab_size: int | None = None
+) -> tuple[dict[str, Any], int | None]:
     """The JSON object `raw` (at least `FIELD_WISE_FROM` bytes), with the route's prompt kept as its JSON
-    when it is a flat array of token ids or a batch of them, and how many ids that is (else None).
-    Raises BadRequest."""
+    when it is a flat array of token ids below `vocab_size` (any, when None) or a batch of ids, and how many
+    ids that is (else None). A flat prompt with an id past the vocabulary is parsed, exactly
+    (id_scan.parse_exact), for validation to name the id. Raises BadRequest."""
     try:
         spans = _TOP_LEVEL.decode(raw)
     except msgspec.ValidationError:
@@ -79,9 +68,12 @@ def parse_fields(raw: bytes, route: Route) -> tuple[dict[str, Any], int | None]:
                 body[name] = orjson.loads(memoryview(span))
                 continue
             ids = bytes(span)
-            count = flat_id_count(ids)
-            if count is not None:
-                body[name] = orjson.Fragment(ids)
+            scanned = scan_flat_ids(ids, vocab_size)
+            if scanned > 0:
+                body[name], count = orjson.Fragment(ids), scanned
+                continue
+            if scanned == OUT_OF_VOCABULARY:
+                body[name] = parse_exact(name, ids)
                 continue
             value = body[name] = orjson.loads(ids)
             if type(value) is list and value and all(type(item) is list for item in value):

@@ -11,20 +11,17 @@ the body is the engine's business and passes through untouched.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
 from rolloutgate.config import GatewaySettings
 from rolloutgate.engines.base import Route
 from rolloutgate.errors import BadRequest, PayloadTooLarge
+from rolloutgate.server.id_scan import first_suspect_byte, parse_exact, scan_flat_ids
 from rolloutgate.server.prompt_ids import FIELD_WISE_FROM, IDS_FIELD, parse_fields, token_ids_of
-
-if TYPE_CHECKING:  # mypyc's machine integer: only annotations name it, so nothing imports it at run time
-    from mypy_extensions import i64
 
 __all__ = (
     "NO_OVERRIDES",
@@ -75,14 +72,16 @@ def parse_body(raw: bytes, settings: GatewaySettings) -> dict[str, Any]:
 
 
 def parse_inference_body(
-    raw: bytes, route: Route, settings: GatewaySettings
+    raw: bytes, route: Route, settings: GatewaySettings, *, vocab_size: int | None = None
 ) -> tuple[dict[str, Any], int | None]:
     """An inference request's body, and its prompt's token-id count where the body keeps them as their JSON
-    (a large body: server/prompt_ids.py). Raises BadRequest, PayloadTooLarge."""
+    (a large body: server/prompt_ids.py, which keeps them only once its one pass over them found them ids
+    below `vocab_size`: `validate_body(..., kept_checked=True)` with the same vocabulary then reads them no
+    more). Raises BadRequest, PayloadTooLarge."""
     if len(raw) < FIELD_WISE_FROM:
         return parse_body(raw, settings), None
     _check_size(raw, settings)
-    return parse_fields(raw, route)
+    return parse_fields(raw, route, vocab_size)
 
 
 # The typed fields every route may carry: (name, allowed types, what the error calls them), in check order.
@@ -110,10 +109,16 @@ def _expect(body: dict[str, Any], name: str, kinds: tuple[type, ...], what: str)
 
 
 def validate_body(
-    route: Route, body: dict[str, Any], settings: GatewaySettings, *, vocab_size: int | None = None
+    route: Route,
+    body: dict[str, Any],
+    settings: GatewaySettings,
+    *,
+    vocab_size: int | None = None,
+    kept_checked: bool = False,
 ) -> None:
     """Raise BadRequest for a body the gateway cannot route, that breaks a server limit, or whose prompt ids
-    could harm an engine (`check_token_ids`; `vocab_size`: the engines' vocabulary, None while unknown)."""
+    could harm an engine (`check_token_ids`; `vocab_size`: the engines' vocabulary, None while unknown;
+    `kept_checked`: a prompt kept as its JSON was checked against it as it was kept, `parse_inference_body`)."""
     for name, kinds, what in _TYPED_FIELDS:  # inline, not `_expect`: a call per field was most of the cost
         value = body.get(name)
         if value is None:
@@ -146,18 +151,18 @@ def validate_body(
                     code="invalid_type",
                 )
         if "input_ids" in body:  # SGLang's chat takes a prompt of ids instead of rendering the messages
-            check_token_ids("input_ids", body["input_ids"], vocab_size)
+            check_token_ids("input_ids", body["input_ids"], vocab_size, kept_checked=kept_checked)
     elif route is Route.COMPLETIONS:
         prompt = body.get("prompt")
         if not isinstance(prompt, str | list | orjson.Fragment) or (isinstance(prompt, list) and not prompt):
             raise BadRequest(
                 "'prompt' must be a string or a non-empty array", param="prompt", code="invalid_type"
             )
-        check_token_ids("prompt", prompt, vocab_size, takes_texts=True)
+        check_token_ids("prompt", prompt, vocab_size, takes_texts=True, kept_checked=kept_checked)
         if "input_ids" in body:  # the simulator, as SGLang's chat, takes the prompt's ids here too
-            check_token_ids("input_ids", body["input_ids"], vocab_size)
+            check_token_ids("input_ids", body["input_ids"], vocab_size, kept_checked=kept_checked)
     elif route is Route.TOKENS:
-        _validate_tokens(body, settings, vocab_size)
+        _validate_tokens(body, settings, vocab_size, kept_checked)
     else:  # /generate
         has_text = isinstance(body.get("text"), str | list)
         has_ids = isinstance(body.get("input_ids"), list | orjson.Fragment)  # a Fragment: kept ids
@@ -181,10 +186,12 @@ def validate_body(
                 param="sampling_params.max_new_tokens",
                 code="invalid_value",
             )
-        check_token_ids("input_ids", body.get("input_ids"), vocab_size)
+        check_token_ids("input_ids", body.get("input_ids"), vocab_size, kept_checked=kept_checked)
 
 
-def _validate_tokens(body: dict[str, Any], settings: GatewaySettings, vocab_size: int | None) -> None:
+def _validate_tokens(
+    body: dict[str, Any], settings: GatewaySettings, vocab_size: int | None, kept_checked: bool
+) -> None:
     """vLLM's `/inference/v1/generate`: one prompt of ids (`token_ids`) and vLLM's `sampling_params`, which
     the route requires (vLLM 0.32 `GenerateRequest`)."""
     ids = body.get("token_ids")
@@ -207,29 +214,31 @@ def _validate_tokens(body: dict[str, Any], settings: GatewaySettings, vocab_size
         )
     if isinstance(ids, list) and ids and all(type(prompt) is list for prompt in ids):
         raise BadRequest("'token_ids' must be one prompt's ids", param="token_ids", code="invalid_type")
-    check_token_ids("token_ids", ids, vocab_size)
+    check_token_ids("token_ids", ids, vocab_size, kept_checked=kept_checked)
 
 
 # -- token ids --------------------------------------------------------------------------------------------
 
 
-def check_token_ids(name: str, value: Any, vocab_size: int | None, *, takes_texts: bool = False) -> None:
+def check_token_ids(
+    name: str, value: Any, vocab_size: int | None, *, takes_texts: bool = False, kept_checked: bool = False
+) -> None:
     """Raise BadRequest unless `value`, a prompt field (`input_ids`, `prompt`), is token ids (a flat array, or
     a batch of arrays) each an integer in [0, vocab_size) (>= 0 only, when `vocab_size` is None), or, where
     the field `takes_texts` (`prompt`), text (a string, an array of strings). Another value is left to the
     route's own checks and the engine. The message names the first bad id and where it is (`input_ids[1][7]`).
 
-    A prompt kept as its JSON (server/prompt_ids.py) is scanned as bytes, not parsed (`_first_suspect_byte`):
-    miles sends 100K-id turns, and parsing them was most of the gateway's CPU per turn."""
+    A prompt kept as its JSON (server/prompt_ids.py) is scanned as bytes, not parsed (server/id_scan.py):
+    miles sends 100K-id turns, and parsing them was most of the gateway's CPU per turn. A flat one the parse
+    kept after its own scan against `vocab_size` (`kept_checked`) is not scanned again."""
     if isinstance(value, orjson.Fragment):
         span = orjson.dumps(value)  # a Fragment's bytes, as written
-        is_batch = span.startswith(b"[[")  # a batch is kept as compact JSON (prompt_ids.compact_json)
-        if _is_batch_of_arrays(span) if is_batch else span.count(b"[") == 1:
-            if vocab_size is None and not is_batch:
-                return  # a flat array is kept only once seen to hold non-negative integers (flat_id_count)
-            if _first_suspect_byte(span, vocab_size) < 0:
+        if span.startswith(b"[["):  # a batch, kept as compact JSON (prompt_ids.compact_json)
+            if _is_batch_of_arrays(span) and first_suspect_byte(span, vocab_size) < 0:
                 return
-        value = _parse_ids(name, span)  # something is wrong: parsed, to name it
+        elif kept_checked or scan_flat_ids(span, vocab_size) > 0:
+            return
+        value = parse_exact(name, span)  # something is wrong: parsed, to name it
     if not isinstance(value, list) or not value:
         return  # not ids (text, or a shape validate_body refuses by name)
     if takes_texts and all(type(item) is str for item in value):
@@ -245,17 +254,6 @@ def check_token_ids(name: str, value: Any, vocab_size: int | None, *, takes_text
             _check_id_list(name, prompt, vocab_size, f"[{index}]")
         return
     _check_id_list(name, value, vocab_size, "")
-
-
-def _parse_ids(name: str, span: bytes) -> Any:
-    """A kept prompt parsed to name what is wrong with it: by `json`, which keeps an integer past 64 bits an
-    integer (orjson makes it a float). Only refused prompts come here."""
-    try:
-        return json.loads(span)
-    except ValueError:  # past Python's 4,300 digits
-        raise BadRequest(
-            f"'{name}' holds a number no vocabulary reaches", param=name, code="token_id_out_of_vocabulary"
-        ) from None
 
 
 def _is_batch_of_arrays(span: bytes) -> bool:
@@ -291,37 +289,6 @@ def _check_id_list(name: str, ids: list[Any], vocab_size: int | None, where: str
 def _preview(value: Any) -> str:
     text = orjson.dumps(value).decode()
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-# Above any vocabulary: an id's value stays below ten times it, within 64 bits (a larger vocabulary would only
-# send ids past it to the exact check, `_check_id_list`, which reads the prompt parsed).
-_MAX_VOCAB = 10**17
-
-
-def _first_suspect_byte(span: bytes, vocab_size: int | None) -> int:
-    """The offset in `span` (the JSON of a prompt of ids) of the first byte that may make it unfit for an
-    engine: the last digit of an id >= `vocab_size`, or anything but digits, commas, brackets and whitespace
-    (a sign, a point, a quote, a letter); -1 when there is none. One pass over the bytes, compiled by mypyc on
-    machine integers (`i64`: ~1.8 ns a byte, 0.67 ms for a 60K-id prompt, where Python's integers took 1.16):
-    an id's value is built digit by digit and never past `vocab_size` * 10 (JSON has no leading zeros, so no
-    id hides behind them)."""
-    limit: i64 = -1 if vocab_size is None else min(vocab_size, _MAX_VOCAB)
-    value: i64 = 0
-    size: i64 = len(span)
-    offset: i64 = 0
-    while offset < size:
-        byte: i64 = span[offset]
-        if 48 <= byte <= 57:  # a digit
-            if limit >= 0:
-                value = value * 10 + (byte - 48)
-                if value >= limit:
-                    return offset
-        elif byte == 44 or byte == 32 or byte == 91 or byte == 93 or byte == 10 or byte == 13 or byte == 9:
-            value = 0  # , space [ ] \n \r \t
-        else:
-            return offset
-        offset += 1
-    return -1
 
 
 def parse_overrides(headers: Any, settings: GatewaySettings) -> Overrides:
