@@ -9,7 +9,8 @@ So a large inference body is parsed field by field: msgspec validates the whole 
 top-level value back as its raw JSON span, without building it. The prompt's span is kept, as an
 `orjson.Fragment` that every engine adapter's `orjson.dumps` writes back verbatim, once one compiled pass over
 its bytes shows it is a flat array of non-negative integers below the engines' vocabulary and counts them
-(server/id_scan.py); every other field is parsed with orjson as before. Measured on a 66K-id body (0.41 MB): 4.8 ms for `orjson.loads` and a compact re-dump, 1.0 ms this way.
+(server/id_scan.py); every other field is parsed with orjson as before. Measured on a 66K-id body (0.41 MB):
+4.8 ms for `orjson.loads` and a compact re-dump, 1.0 ms this way.
 Below `FIELD_WISE_FROM` bytes one `orjson.loads` is cheaper (2.4 against 5.7 us on a 16-id body) and the
 ids are few, so small bodies are parsed whole and keep their ids as a list.
 
